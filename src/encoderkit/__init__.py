@@ -1,0 +1,28 @@
+"""encoderkit: encoder-only transformers (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA) in plain PyTorch."""
+from .checkpoints import load_model, save_model
+from .config import FAMILIES, PRESETS, EncoderConfig, load_config, preset
+from .errors import CheckpointError, ConfigError, DataError, EncoderkitError, InputError, TokenizerError
+from .hub import default_model_path, resolve_model
+from .modeling import (
+    Encoder,
+    EncoderForMaskedLM,
+    EncoderForPreTraining,
+    EncoderForQuestionAnswering,
+    EncoderForReplacedTokenDetection,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
+    build_model,
+)
+from .tasks.embed import Embedder
+from .tokenizer import BatchEncoding, Encoded, Tokenizer, train_tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchEncoding", "CheckpointError", "ConfigError", "DataError", "Embedder", "Encoded", "Encoder",
+    "EncoderConfig", "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForQuestionAnswering",
+    "EncoderForReplacedTokenDetection", "EncoderForSequenceClassification", "EncoderForTokenClassification",
+    "EncoderkitError", "FAMILIES", "InputError", "PRESETS", "Tokenizer", "TokenizerError", "build_model",
+    "default_model_path", "load_config", "load_model", "preset", "resolve_model", "save_model",
+    "train_tokenizer", "__version__",
+]

@@ -1,0 +1,288 @@
+"""Encoder + head = a task model. One class per task, shared by every family."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import EncoderConfig
+from ..errors import ConfigError, InputError
+from .embeddings import init_weights
+from .encoder import EncoderModel, EncoderOutput
+from .heads import (
+    MaskedLMHead,
+    ReplacedTokenHead,
+    SequenceClassificationHead,
+    SpanHead,
+    TokenClassificationHead,
+)
+
+
+@dataclass
+class TaskOutput:
+    logits: torch.Tensor | None = None  # MLM: (batch, len, vocab); classification: (batch, labels); tokens: (batch, len[, labels])
+    loss: torch.Tensor | None = None
+    pair_logits: torch.Tensor | None = None  # NSP / SOP: (batch, 2)
+    start_logits: torch.Tensor | None = None
+    end_logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class _Pretrained:
+    """Loading and saving in the HF directory format (see ``encoderkit.checkpoints``)."""
+
+    task: str = "base"
+    config: EncoderConfig
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path | None = None, **kwargs: Any):
+        from ..checkpoints import load_model
+
+        return load_model(path, task=cls.task, **kwargs)
+
+    def save_pretrained(self, directory: str | Path, **kwargs: Any) -> Path:
+        from ..checkpoints import save_model
+
+        return save_model(self, directory, **kwargs)
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (tied weights counted once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())  # type: ignore[attr-defined]
+
+
+class Encoder(EncoderModel, _Pretrained):
+    """The bare encoder (``BertModel`` & co.): hidden states and, where the family has one, the pooled output."""
+
+    task = "base"
+
+    def __init__(self, config: EncoderConfig, add_pooler: bool | None = None) -> None:
+        super().__init__(config, add_pooler)
+        init_weights(self, config.initializer_range)
+
+
+class _TaskModel(nn.Module, _Pretrained):
+    uses_pooler = False
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = EncoderModel(config, add_pooler=self.uses_pooler)
+
+    def _finish_init(self) -> None:
+        init_weights(self, self.config.initializer_range)
+        if getattr(self, "mlm_head", None) is not None and self.config.tie_word_embeddings:
+            self.mlm_head.decoder.weight = self.encoder.embeddings.word.weight
+
+    def _encode(self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                output_attentions) -> EncoderOutput:
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must have shape (batch, length), found {tuple(input_ids.shape)}")
+        return self.encoder(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                            output_attentions)
+
+    @staticmethod
+    def _output(out: EncoderOutput, **fields: Any) -> TaskOutput:
+        return TaskOutput(last_hidden_state=out.last_hidden_state, hidden_states=out.hidden_states,
+                          attentions=out.attentions, **fields)
+
+
+class EncoderForMaskedLM(_TaskModel):
+    task = "masked-lm"
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.word)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           output_attentions)
+        logits = self.mlm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
+        return self._output(out, logits=logits, loss=loss)
+
+
+class EncoderForPreTraining(_TaskModel):
+    """MLM plus the sentence-pair objective of the family: NSP (BERT) or SOP (ALBERT)."""
+
+    task = "pretraining"
+    uses_pooler = True
+
+    def __init__(self, config: EncoderConfig) -> None:
+        if config.family.pair_objective is None:
+            raise ConfigError(f"{config.model_type} has no sentence-pair pre-training head (NSP/SOP); "
+                              "use EncoderForMaskedLM")
+        super().__init__(config)
+        self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.word)
+        self.pair_head = nn.Linear(config.hidden_size, 2)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                pair_labels=None, output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           output_attentions)
+        logits = self.mlm_head(out.last_hidden_state)
+        pair_logits = self.pair_head(out.pooler_output)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
+        if pair_labels is not None:
+            pair_loss = F.cross_entropy(pair_logits.float(), pair_labels.view(-1))
+            loss = pair_loss if loss is None else loss + pair_loss
+        return self._output(out, logits=logits, pair_logits=pair_logits, loss=loss)
+
+
+class EncoderForReplacedTokenDetection(_TaskModel):
+    """ELECTRA's discriminator (``ElectraForPreTraining``): a replaced/original logit per token."""
+
+    task = "replaced-token-detection"
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        self.rtd_head = ReplacedTokenHead(config)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           output_attentions)
+        logits = self.rtd_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            real = attention_mask.bool() if attention_mask is not None else torch.ones_like(labels, dtype=torch.bool)
+            loss = F.binary_cross_entropy_with_logits(logits[real].float(), labels[real].float())
+        return self._output(out, logits=logits, loss=loss)
+
+
+class EncoderForSequenceClassification(_TaskModel):
+    task = "sequence-classification"
+
+    def __init__(self, config: EncoderConfig) -> None:
+        self.uses_pooler = config.family.classifier == "pooled"
+        super().__init__(config)
+        self.classifier = SequenceClassificationHead(config, config.num_labels)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           output_attentions)
+        logits = self.classifier(out.last_hidden_state, out.pooler_output)
+        loss = None if labels is None else classification_loss(logits, labels, self.config.problem_type)
+        return self._output(out, logits=logits, loss=loss)
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:
+    """Cross-entropy for class ids, BCE for multi-hot rows, MSE for one regression output."""
+    if problem_type is None:
+        if logits.shape[-1] == 1:
+            problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int32, torch.int64):
+            problem_type = "single_label_classification"
+        else:
+            problem_type = "multi_label_classification"
+    if problem_type == "regression":
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
+    if problem_type == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    return F.cross_entropy(logits.float(), labels.view(-1))
+
+
+class EncoderForTokenClassification(_TaskModel):
+    task = "token-classification"
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        self.token_classifier = TokenClassificationHead(config, config.num_labels)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           output_attentions)
+        logits = self.token_classifier(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
+        return self._output(out, logits=logits, loss=loss)
+
+
+class EncoderForQuestionAnswering(_TaskModel):
+    task = "question-answering"
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        self.span_head = SpanHead(config)
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                start_positions=None, end_positions=None, output_hidden_states=False,
+                output_attentions=False) -> TaskOutput:
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           output_attentions)
+        start, end = self.span_head(out.last_hidden_state)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            length = start.shape[1]
+            loss = (F.cross_entropy(start.float(), start_positions.clamp(0, length), ignore_index=length)
+                    + F.cross_entropy(end.float(), end_positions.clamp(0, length), ignore_index=length)) / 2
+        return self._output(out, start_logits=start, end_logits=end, loss=loss)
+
+
+TASK_MODELS: dict[str, type[nn.Module]] = {
+    "base": Encoder,
+    "masked-lm": EncoderForMaskedLM,
+    "pretraining": EncoderForPreTraining,
+    "replaced-token-detection": EncoderForReplacedTokenDetection,
+    "sequence-classification": EncoderForSequenceClassification,
+    "token-classification": EncoderForTokenClassification,
+    "question-answering": EncoderForQuestionAnswering,
+}
+
+# transformers' class name = family stem + this suffix (ELECTRA's "ForPreTraining" is its discriminator).
+HF_SUFFIX = {
+    "base": "Model",
+    "masked-lm": "ForMaskedLM",
+    "pretraining": "ForPreTraining",
+    "replaced-token-detection": "ForPreTraining",
+    "sequence-classification": "ForSequenceClassification",
+    "token-classification": "ForTokenClassification",
+    "question-answering": "ForQuestionAnswering",
+}
+
+
+def hf_architecture(config: EncoderConfig, task: str) -> str:
+    return config.family.hf_class_stem + HF_SUFFIX[task]
+
+
+def task_from_architectures(config: EncoderConfig) -> str:
+    """The task a checkpoint was saved for, read from config.json's ``architectures``; "base" if unknown."""
+    for name in config.architectures or ():
+        stem = config.family.hf_class_stem
+        if not name.startswith(stem):
+            continue
+        suffix = name[len(stem):]
+        if suffix == "ForPreTraining":
+            return "replaced-token-detection" if config.model_type == "electra" else "pretraining"
+        for task, task_suffix in HF_SUFFIX.items():
+            if task_suffix == suffix:
+                return task
+    return "base"
+
+
+def build_model(config: EncoderConfig, task: str = "base") -> nn.Module:
+    """A freshly initialised model for ``task`` (see ``TASK_MODELS``)."""
+    if task not in TASK_MODELS:
+        raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASK_MODELS)}")
+    if task == "replaced-token-detection" and config.model_type != "electra":
+        raise ConfigError("replaced-token detection is ELECTRA's objective; the config is " + config.model_type)
+    return TASK_MODELS[task](config)

@@ -1,0 +1,1 @@
+"""Inference pipelines (embed; later fill-mask, classify, ner, qa, search)."""

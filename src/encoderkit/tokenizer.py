@@ -1,0 +1,460 @@
+"""Tokenizer over the `tokenizers` library: WordPiece (BERT family) and byte-level BPE (RoBERTa).
+
+Loads tokenizer.json, or vocab.txt, or vocab.json + merges.txt, the way transformers' fast
+tokenizers build them, so ids, type ids and offsets are the same; encodes single texts and pairs
+with truncation, padding, attention masks, special-token masks, offsets and word ids; trains new
+tokenizers from text files and saves them so transformers loads them back.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .errors import InputError, TokenizerError
+
+log = logging.getLogger(__name__)
+
+TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+PADDING_STRATEGIES = ("longest", "max_length")
+_HUGE_LENGTH = 10**12  # transformers writes ~1e30 for "no limit"
+
+_WORDPIECE_SPECIALS = dict(pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]")
+_BPE_SPECIALS = dict(bos="<s>", pad="<pad>", eos="</s>", unk="<unk>", mask="<mask>", cls="<s>", sep="</s>")
+
+
+@dataclass
+class Encoded:
+    """One tokenised text or pair (lists, unpadded unless padding was asked for)."""
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+    attention_mask: list[int]
+    special_tokens_mask: list[int]
+    offsets: list[tuple[int, int]]  # character spans in the text the token came from; (0, 0) for specials
+    word_ids: list[int | None]  # index of the word within its sequence; None for special tokens
+    sequence_ids: list[int | None]  # 0 for the first text, 1 for the pair, None for special tokens
+    tokens: list[str]
+    overflowing: list["Encoded"] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @classmethod
+    def from_backend(cls, enc: Any, with_overflow: bool = False) -> "Encoded":
+        return cls(
+            input_ids=list(enc.ids), token_type_ids=list(enc.type_ids), attention_mask=list(enc.attention_mask),
+            special_tokens_mask=list(enc.special_tokens_mask), offsets=[tuple(o) for o in enc.offsets],
+            word_ids=list(enc.word_ids), sequence_ids=list(enc.sequence_ids), tokens=list(enc.tokens),
+            overflowing=[cls.from_backend(o) for o in enc.overflowing] if with_overflow else None,
+        )
+
+
+@dataclass
+class BatchEncoding:
+    """A padded batch as tensors, plus the per-text details for span work (offsets, word ids)."""
+
+    input_ids: torch.Tensor  # (batch, length) int64
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+    special_tokens_mask: torch.Tensor
+    encodings: list[Encoded]
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                "token_type_ids": self.token_type_ids}
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+class Tokenizer:
+    def __init__(self, backend: Any, *, kind: str, model_max_length: int = 512, lowercase: bool | None = None,
+                 special_tokens: dict[str, str] | None = None) -> None:
+        self.backend = backend
+        self.backend.no_truncation()
+        self.backend.no_padding()
+        self.kind = kind  # "wordpiece" | "bpe" | "unigram" | other model type name
+        self.model_max_length = model_max_length
+        self.lowercase = lowercase
+        defaults = _WORDPIECE_SPECIALS if kind == "wordpiece" else _BPE_SPECIALS
+        self.special_tokens = {k: v for k, v in {**defaults, **(special_tokens or {})}.items()
+                               if v is not None and backend.token_to_id(v) is not None}
+
+    # ----- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, model_max_length: int | None = None) -> "Tokenizer":
+        """Load from a directory (tokenizer.json, vocab.txt, or vocab.json + merges.txt) or a tokenizer.json file."""
+        path = Path(path)
+        if path.is_file() and path.name.endswith(".json"):
+            directory, tokenizer_json = path.parent, path
+        else:
+            directory, tokenizer_json = path, path / "tokenizer.json"
+        if not directory.is_dir():
+            raise TokenizerError(f"tokenizer directory not found: {directory}")
+        settings = _read_settings(directory)
+        max_length = model_max_length or settings.get("model_max_length") or 512
+        if max_length >= _HUGE_LENGTH:
+            max_length = 512
+        specials = settings.get("special_tokens", {})
+        lowercase = settings.get("do_lower_case")
+        if tokenizer_json.is_file():
+            from tokenizers import Tokenizer as Backend
+
+            try:
+                backend = Backend.from_file(str(tokenizer_json))
+            except Exception as exc:
+                raise TokenizerError(f"{tokenizer_json} is not a valid tokenizer file: {exc}") from exc
+            kind = json.loads(backend.to_str())["model"]["type"].lower()
+            return cls(backend, kind=kind, model_max_length=max_length, lowercase=lowercase, special_tokens=specials)
+        if (directory / "vocab.txt").is_file():
+            return cls.from_wordpiece_vocab(directory / "vocab.txt", lowercase=lowercase, model_max_length=max_length,
+                                            special_tokens=specials,
+                                            strip_accents=settings.get("strip_accents"),
+                                            handle_chinese_chars=settings.get("tokenize_chinese_chars", True))
+        if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
+            return cls.from_bpe_files(directory / "vocab.json", directory / "merges.txt", model_max_length=max_length,
+                                      special_tokens=specials,
+                                      add_prefix_space=bool(settings.get("add_prefix_space", False)))
+        present = sorted(p.name for p in directory.iterdir())
+        raise TokenizerError(
+            f"no tokenizer files in {directory}: expected tokenizer.json, vocab.txt (WordPiece) or "
+            f"vocab.json + merges.txt (byte-level BPE); found {present or 'nothing'}"
+        )
+
+    @classmethod
+    def from_wordpiece_vocab(cls, vocab_file: str | Path, *, lowercase: bool | None = None,
+                             model_max_length: int = 512, special_tokens: dict[str, str] | None = None,
+                             strip_accents: bool | None = None, handle_chinese_chars: bool = True) -> "Tokenizer":
+        """A BERT WordPiece tokenizer from vocab.txt, built as transformers' BertTokenizerFast builds it.
+
+        ``lowercase=None`` reads the vocabulary: uncased vocabularies have no upper-case entries.
+        """
+        from tokenizers import Tokenizer as Backend
+        from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+        vocab = _read_wordpiece_vocab(Path(vocab_file))
+        specials = {**_WORDPIECE_SPECIALS, **(special_tokens or {})}
+        for role in ("unk", "cls", "sep", "pad", "mask"):
+            if specials[role] not in vocab:
+                raise TokenizerError(f"{vocab_file} lacks the {role} token {specials[role]!r}")
+        if lowercase is None:
+            lowercase = not any(tok != tok.lower() for tok in vocab if not tok.startswith("["))
+            log.info("%s: %s vocabulary detected", vocab_file, "uncased" if lowercase else "cased")
+        backend = Backend(models.WordPiece(vocab, unk_token=specials["unk"], max_input_chars_per_word=100))
+        backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=handle_chinese_chars,
+                                                        strip_accents=strip_accents, lowercase=lowercase)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        _add_specials(backend, specials, mask_lstrip=False)
+        _set_bert_template(backend, specials["cls"], specials["sep"])
+        return cls(backend, kind="wordpiece", model_max_length=model_max_length, lowercase=lowercase,
+                   special_tokens=specials)
+
+    @classmethod
+    def from_bpe_files(cls, vocab_file: str | Path, merges_file: str | Path, *, model_max_length: int = 512,
+                       special_tokens: dict[str, str] | None = None, add_prefix_space: bool = False) -> "Tokenizer":
+        """A RoBERTa byte-level BPE tokenizer from vocab.json + merges.txt (as RobertaTokenizerFast builds it)."""
+        from tokenizers import Tokenizer as Backend
+        from tokenizers import decoders, models, pre_tokenizers
+
+        try:
+            bpe = models.BPE.from_file(str(vocab_file), str(merges_file))
+        except Exception as exc:
+            raise TokenizerError(f"cannot read BPE files {vocab_file} / {merges_file}: {exc}") from exc
+        specials = {**_BPE_SPECIALS, **(special_tokens or {})}
+        backend = Backend(bpe)
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+        backend.decoder = decoders.ByteLevel()
+        for role in ("cls", "sep"):
+            if backend.token_to_id(specials[role]) is None:
+                raise TokenizerError(f"{vocab_file} lacks the {role} token {specials[role]!r}")
+        _add_specials(backend, specials, mask_lstrip=True)
+        _set_roberta_processing(backend, specials, add_prefix_space)
+        return cls(backend, kind="bpe", model_max_length=model_max_length, special_tokens=specials)
+
+    # ----- properties -------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, role: str) -> int | None:
+        """Id of a special token by role: "cls", "sep", "pad", "mask", "unk", "bos", "eos"."""
+        token = self.special_tokens.get(role)
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.token_id("pad")
+        return 0 if pad is None else pad
+
+    @property
+    def mask_token(self) -> str | None:
+        return self.special_tokens.get("mask")
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self.token_id("mask")
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str | None]:
+        return [self.backend.id_to_token(int(i)) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int | None]:
+        return [self.backend.token_to_id(t) for t in tokens]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def tokenize(self, text: str) -> list[str]:
+        return self.encode(text, add_special_tokens=False, truncation=False).tokens
+
+    # ----- encoding ---------------------------------------------------------------------------
+    def _configure(self, max_length: int | None, truncation: str | bool | None, stride: int,
+                   padding: str | bool, pad_to_multiple_of: int | None) -> None:
+        if truncation is True:
+            truncation = "longest_first"
+        if truncation:
+            if truncation not in TRUNCATION_STRATEGIES:
+                raise InputError(f"truncation must be one of {TRUNCATION_STRATEGIES} or False, found {truncation!r}")
+            length = max_length or self.model_max_length
+            if length <= 0:
+                raise InputError(f"max_length must be positive, found {length}")
+            self.backend.enable_truncation(length, stride=stride, strategy=truncation)
+        else:
+            self.backend.no_truncation()
+        if padding is True:
+            padding = "longest"
+        if padding:
+            if padding not in PADDING_STRATEGIES:
+                raise InputError(f"padding must be one of {PADDING_STRATEGIES} or False, found {padding!r}")
+            self.backend.enable_padding(
+                pad_id=self.pad_token_id, pad_type_id=0, pad_token=self.special_tokens.get("pad", "[PAD]"),
+                length=(max_length or self.model_max_length) if padding == "max_length" else None,
+                pad_to_multiple_of=pad_to_multiple_of,
+            )
+        else:
+            self.backend.no_padding()
+
+    def encode(self, text: str, pair: str | None = None, *, max_length: int | None = None,
+               truncation: str | bool = "longest_first", padding: str | bool = False, stride: int = 0,
+               add_special_tokens: bool = True, return_overflowing: bool = False) -> Encoded:
+        """Tokenise one text (or a text pair). Truncates to ``max_length`` (default: the model's maximum)."""
+        _check_text(text, "text")
+        if pair is not None:
+            _check_text(pair, "pair")
+        self._configure(max_length, truncation, stride, padding, None)
+        try:
+            enc = self.backend.encode(text, pair, add_special_tokens=add_special_tokens)
+        except Exception as exc:
+            raise InputError(f"cannot tokenise this input: {exc}") from exc
+        return Encoded.from_backend(enc, with_overflow=return_overflowing)
+
+    def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
+                     max_length: int | None = None, truncation: str | bool = "longest_first",
+                     padding: str | bool = "longest", pad_to_multiple_of: int | None = None,
+                     add_special_tokens: bool = True) -> BatchEncoding:
+        """Tokenise many texts (in parallel) into a padded batch of tensors."""
+        if isinstance(texts, str):
+            raise InputError("encode_batch takes a list of texts; for one text use encode()")
+        for index, text in enumerate(texts):
+            _check_text(text, f"texts[{index}]")
+        if pairs is not None:
+            if len(pairs) != len(texts):
+                raise InputError(f"got {len(texts)} texts but {len(pairs)} pairs; they must be the same length")
+            for index, text in enumerate(pairs):
+                _check_text(text, f"pairs[{index}]")
+        if len(texts) == 0:
+            raise InputError("encode_batch got no texts")
+        self._configure(max_length, truncation, 0, padding, pad_to_multiple_of)
+        inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
+        try:
+            encs = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        except Exception as exc:
+            raise InputError(f"cannot tokenise this batch: {exc}") from exc
+        lengths = {len(e.ids) for e in encs}
+        if len(lengths) > 1:  # padding=False: pad here anyway, tensors need one length
+            self._configure(max_length, truncation, 0, "longest", pad_to_multiple_of)
+            encs = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+
+        def tensor(attr: str) -> torch.Tensor:
+            return torch.from_numpy(np.asarray([getattr(e, attr) for e in encs], dtype=np.int64))
+
+        return BatchEncoding(
+            input_ids=tensor("ids"), attention_mask=tensor("attention_mask"), token_type_ids=tensor("type_ids"),
+            special_tokens_mask=tensor("special_tokens_mask"), encodings=[Encoded.from_backend(e) for e in encs],
+        )
+
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None,
+                 **kwargs: Any) -> BatchEncoding:
+        if isinstance(texts, str):
+            texts = [texts]
+            pairs = [pairs] if isinstance(pairs, str) else pairs
+        return self.encode_batch(texts, pairs, **kwargs)
+
+    # ----- saving -----------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Write tokenizer.json, the vocabulary files and tokenizer_config.json (loadable by transformers)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.backend.no_truncation()
+        self.backend.no_padding()
+        self.backend.save(str(directory / "tokenizer.json"))
+        try:
+            self.backend.model.save(str(directory))  # vocab.txt, or vocab.json + merges.txt
+        except Exception as exc:  # pragma: no cover - a model kind with no vocabulary files
+            log.info("vocabulary files not written: %s", exc)
+        specials = {f"{role}_token": token for role, token in self.special_tokens.items()}
+        tokenizer_class = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer"}.get(self.kind)
+        settings: dict[str, Any] = {"model_max_length": self.model_max_length, **specials}
+        if tokenizer_class:
+            settings["tokenizer_class"] = tokenizer_class
+        if self.lowercase is not None:
+            settings["do_lower_case"] = self.lowercase
+        (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+        (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+        return directory
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def train_tokenizer(files: Sequence[str | Path], *, kind: str = "wordpiece", vocab_size: int = 30522,
+                    min_frequency: int = 2, lowercase: bool = True, model_max_length: int = 512,
+                    show_progress: bool = False) -> Tokenizer:
+    """Train a WordPiece (BERT-style) or byte-level BPE (RoBERTa-style) tokenizer on text files."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise InputError("no training files given")
+    for path in paths:
+        if not path.is_file():
+            raise InputError(f"training file not found: {path}")
+    if vocab_size < 100:
+        raise InputError(f"vocab_size {vocab_size} is too small; use at least a few hundred")
+    if kind == "wordpiece":
+        specials = dict(_WORDPIECE_SPECIALS)
+        backend = Backend(models.WordPiece(unk_token=specials["unk"], max_input_chars_per_word=100))
+        backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                        strip_accents=None, lowercase=lowercase)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress,
+            special_tokens=[specials[r] for r in ("pad", "unk", "cls", "sep", "mask")],
+            continuing_subword_prefix="##",
+        )
+    elif kind == "bpe":
+        specials = dict(_BPE_SPECIALS)
+        backend = Backend(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress,
+            special_tokens=[specials[r] for r in ("bos", "pad", "eos", "unk", "mask")],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        lowercase = False
+    else:
+        raise InputError(f"unknown tokenizer kind {kind!r}; choose 'wordpiece' or 'bpe'")
+    try:
+        backend.train([str(p) for p in paths], trainer)
+    except Exception as exc:
+        raise InputError(f"tokenizer training failed: {exc} (are the files UTF-8 text?)") from exc
+    if kind == "wordpiece":
+        _add_specials(backend, specials, mask_lstrip=False)
+        _set_bert_template(backend, specials["cls"], specials["sep"])
+    else:
+        _add_specials(backend, specials, mask_lstrip=True)
+        _set_roberta_processing(backend, specials, add_prefix_space=False)
+    return Tokenizer(backend, kind=kind, model_max_length=model_max_length,
+                     lowercase=lowercase if kind == "wordpiece" else None, special_tokens=specials)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+def _check_text(text: Any, what: str) -> None:
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a string, found {type(text).__name__}")
+
+
+def _read_wordpiece_vocab(path: Path) -> dict[str, int]:
+    if not path.is_file():
+        raise TokenizerError(f"vocabulary file not found: {path}")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise TokenizerError(f"{path} is not UTF-8 text: {exc}") from exc
+    if lines and lines[-1] == "":
+        lines.pop()
+    vocab = {token.rstrip("\r"): index for index, token in enumerate(lines)}  # a repeated token keeps its last id
+    if not vocab:
+        raise TokenizerError(f"{path} is empty")
+    return vocab
+
+
+def _add_specials(backend: Any, specials: dict[str, str], mask_lstrip: bool) -> None:
+    from tokenizers import AddedToken
+
+    seen = []
+    for role, token in specials.items():
+        if token in seen or backend.token_to_id(token) is None:
+            continue
+        seen.append(token)
+        backend.add_special_tokens([AddedToken(token, special=True, normalized=False,
+                                               lstrip=mask_lstrip and role == "mask")])
+
+
+def _set_bert_template(backend: Any, cls_token: str, sep_token: str) -> None:
+    from tokenizers import processors
+
+    cls_id, sep_id = backend.token_to_id(cls_token), backend.token_to_id(sep_token)
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls_token}:0 $A:0 {sep_token}:0",
+        pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
+        special_tokens=[(cls_token, cls_id), (sep_token, sep_id)],
+    )
+
+
+def _set_roberta_processing(backend: Any, specials: dict[str, str], add_prefix_space: bool) -> None:
+    from tokenizers import processors
+
+    backend.post_processor = processors.RobertaProcessing(
+        sep=(specials["sep"], backend.token_to_id(specials["sep"])),
+        cls=(specials["cls"], backend.token_to_id(specials["cls"])),
+        trim_offsets=True, add_prefix_space=add_prefix_space,
+    )
+
+
+def _read_settings(directory: Path) -> dict[str, Any]:
+    """tokenizer_config.json and special_tokens_map.json, flattened to what encoderkit uses."""
+    settings: dict[str, Any] = {}
+    specials: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
+        for key, value in data.items():
+            if key.endswith("_token") and key[:-6] in ("cls", "sep", "pad", "unk", "mask", "bos", "eos"):
+                if isinstance(value, dict):
+                    value = value.get("content")
+                if isinstance(value, str):
+                    specials[key[:-6]] = value
+            elif key in ("model_max_length", "do_lower_case", "strip_accents", "tokenize_chinese_chars",
+                         "add_prefix_space"):
+                settings[key] = value
+    if isinstance(settings.get("model_max_length"), float):
+        settings["model_max_length"] = int(min(settings["model_max_length"], _HUGE_LENGTH))
+    settings["special_tokens"] = specials
+    return settings

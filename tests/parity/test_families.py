@@ -1,0 +1,194 @@
+"""Parity with transformers for the five families: every layer, every attention map, every head.
+
+A small random model is made with transformers (its weights perturbed so that no LayerNorm or bias
+is at its trivial initial value), saved, loaded into encoderkit and run on a padded batch of pairs.
+Then encoderkit saves it back and transformers loads that: same outputs again.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from encoderkit import load_model
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-5
+VOCAB = 99
+
+CONFIGS = {
+    "bert": lambda: transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=40, type_vocab_size=2),
+    "roberta": lambda: transformers.RobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
+    "distilbert": lambda: transformers.DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=37, max_position_embeddings=40),
+    "albert": lambda: transformers.AlbertConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=4, num_hidden_groups=2,
+        inner_group_num=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=40),
+    "electra": lambda: transformers.ElectraConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=40),
+}
+STEMS = {"bert": "Bert", "roberta": "Roberta", "distilbert": "DistilBert", "albert": "Albert", "electra": "Electra"}
+TASKS = {
+    "base": "Model",
+    "masked-lm": "ForMaskedLM",
+    "sequence-classification": "ForSequenceClassification",
+    "token-classification": "ForTokenClassification",
+    "question-answering": "ForQuestionAnswering",
+}
+CASES = [(family, task) for family in CONFIGS for task in TASKS]
+CASES += [("bert", "pretraining"), ("albert", "pretraining"), ("electra", "replaced-token-detection")]
+
+
+def hf_class(family: str, task: str):
+    suffix = "ForPreTraining" if task in ("pretraining", "replaced-token-detection") else TASKS[task]
+    return getattr(transformers, STEMS[family] + suffix)
+
+
+def make_batch(config, pad_token_id: int):
+    """Two sentence pairs of different lengths, right-padded, with segment ids where the family has them."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, VOCAB, (3, 13), generator=generator)
+    lengths = [13, 9, 6]
+    first_segment = [7, 4, 3]
+    mask = torch.zeros(3, 13, dtype=torch.long)
+    types = torch.zeros(3, 13, dtype=torch.long)
+    for row, (length, first) in enumerate(zip(lengths, first_segment)):
+        mask[row, :length] = 1
+        types[row, first:length] = 1
+        ids[row, length:] = pad_token_id
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if getattr(config, "type_vocab_size", 0) > 1:
+        inputs["token_type_ids"] = types
+    return inputs
+
+
+def perturb(model: torch.nn.Module) -> None:
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+
+
+def hf_outputs(model, inputs) -> dict[str, torch.Tensor | tuple]:
+    out = model(**inputs, output_hidden_states=True, output_attentions=True)
+    result = {}
+    for name in ("last_hidden_state", "pooler_output", "logits", "prediction_logits", "seq_relationship_logits",
+                 "sop_logits", "start_logits", "end_logits", "hidden_states", "attentions"):
+        value = getattr(out, name, None)
+        if value is not None:
+            result[name] = value
+    if "prediction_logits" in result:
+        result["logits"] = result.pop("prediction_logits")
+    for name in ("seq_relationship_logits", "sop_logits"):
+        if name in result:
+            result["pair_logits"] = result.pop(name)
+    return result
+
+
+def our_outputs(model, inputs) -> dict[str, torch.Tensor | tuple]:
+    out = model(**inputs, output_hidden_states=True, output_attentions=True)
+    result = {}
+    for name in ("last_hidden_state", "pooler_output", "logits", "pair_logits", "start_logits", "end_logits",
+                 "hidden_states", "attentions"):
+        value = getattr(out, name, None)
+        if value is not None:
+            result[name] = value
+    assert torch.equal(result["last_hidden_state"], result["hidden_states"][-1])
+    if model.task != "base":  # transformers' task outputs carry only the hidden-state tuple
+        del result["last_hidden_state"]
+    return result
+
+
+def assert_close(expected: dict, actual: dict, mask: torch.Tensor, label: str) -> None:
+    assert set(expected) == set(actual), f"{label}: outputs differ: {sorted(expected)} vs {sorted(actual)}"
+    real = mask.bool()
+    for name, want in expected.items():
+        got = actual[name]
+        if isinstance(want, tuple):
+            assert len(want) == len(got), f"{label}: {name} has {len(got)} entries, transformers {len(want)}"
+            for layer, (w, g) in enumerate(zip(want, got)):
+                if name == "attentions":  # (batch, heads, query, key): compare real query rows
+                    w, g = w.permute(0, 2, 1, 3)[real], g.permute(0, 2, 1, 3)[real]
+                else:
+                    w, g = w[real], g[real]
+                diff = (w - g).abs().max().item()
+                assert diff <= TOL, f"{label}: {name}[{layer}] differs by {diff:.3g}"
+            continue
+        if want.dim() >= 2 and want.shape[:2] == mask.shape:  # per-token outputs
+            want, got = want[real], got[real]
+        assert want.shape == got.shape, f"{label}: {name} shape {tuple(got.shape)} vs {tuple(want.shape)}"
+        diff = (want - got).abs().max().item()
+        assert diff <= TOL, f"{label}: {name} differs by {diff:.3g}"
+
+
+@pytest.mark.parametrize(("family", "task"), CASES, ids=[f"{f}-{t}" for f, t in CASES])
+def test_load_matches_transformers_and_round_trips(family: str, task: str, tmp_path) -> None:
+    torch.manual_seed(0)
+    config = CONFIGS[family]()
+    if task in ("sequence-classification", "token-classification"):
+        config.num_labels = 3
+    reference = hf_class(family, task)._from_config(config, attn_implementation="eager").eval()
+    perturb(reference)
+    reference.save_pretrained(tmp_path / "hf")
+
+    ours = load_model(tmp_path / "hf")
+    assert ours.task == task  # read from config.json's architectures
+    inputs = make_batch(config, config.pad_token_id)
+    with torch.no_grad():
+        expected = hf_outputs(reference, inputs)
+        actual = our_outputs(ours, inputs)
+    assert_close(expected, actual, inputs["attention_mask"], f"{family}/{task} load")
+    assert len(actual["hidden_states"]) >= config.num_hidden_layers + 1
+
+    ours.save_pretrained(tmp_path / "ours")
+    reloaded = hf_class(family, task).from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
+    with torch.no_grad():
+        again = hf_outputs(reloaded, inputs)
+    assert_close(expected, again, inputs["attention_mask"], f"{family}/{task} round trip")
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_sdpa_path_equals_explicit_path(family: str, tmp_path) -> None:
+    """Without attention probabilities encoderkit runs SDPA; it must give the same states."""
+    config = CONFIGS[family]()
+    reference = hf_class(family, "base")._from_config(config, attn_implementation="eager").eval()
+    perturb(reference)
+    reference.save_pretrained(tmp_path)
+    ours = load_model(tmp_path, task="base")
+    inputs = make_batch(config, config.pad_token_id)
+    with torch.no_grad():
+        fast = ours(**inputs).last_hidden_state
+        explicit = ours(**inputs, output_attentions=True).last_hidden_state
+        want = reference(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    assert (fast - explicit)[real].abs().max() <= TOL
+    assert (fast - want)[real].abs().max() <= TOL
+
+
+def test_distilbert_sinusoidal_positions(tmp_path) -> None:
+    config = transformers.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                           max_position_embeddings=40, sinusoidal_pos_embds=True)
+    reference = transformers.DistilBertModel(config).eval()
+    from encoderkit import EncoderConfig, build_model
+
+    fresh = build_model(EncoderConfig.from_hf_dict(config.to_dict()), "base")
+    # A new encoderkit model builds the same fixed table transformers does.
+    diff = (fresh.embeddings.position.weight - reference.embeddings.position_embeddings.weight).abs().max()
+    assert diff < 1e-6
+    assert not fresh.embeddings.position.weight.requires_grad
+
+
+def test_task_head_is_initialised_from_a_bare_encoder(tmp_path, caplog) -> None:
+    """A bare BertModel checkpoint loads into a classifier: encoder weights kept, head new (with a warning)."""
+    config = CONFIGS["bert"]()
+    base = transformers.BertModel(config).eval()
+    base.save_pretrained(tmp_path)
+    classifier = load_model(tmp_path, task="sequence-classification", labels=["neg", "neu", "pos"])
+    assert classifier.config.labels == ["neg", "neu", "pos"]
+    assert torch.equal(classifier.encoder.layers[1].ffn_in.weight, base.encoder.layer[1].intermediate.dense.weight)
+    assert "newly initialised" in caplog.text and "classifier.weight" in caplog.text
