@@ -95,7 +95,7 @@ def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_s
 @click.option("--max-length", type=int, default=None, help="truncate texts to this many tokens")
 def embed(input_path: str, out_path: str, model: str | None, batch_size: int, max_length: int | None) -> None:
     """Embed a text file (one text per line) into a float32 .npy array, in input order."""
-    from .jobs import embed_file
+    from .tasks.embed import embed_file
 
     result = embed_file(input_path, out_path, model=model, batch_size=batch_size, max_length=max_length)
     click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}")
@@ -136,8 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("encoderkit: interrupted", err=True)
         return 130
     except OSError as exc:  # disk full, permission denied ...: still one line
-        click.echo(f"encoderkit: error: {exc.strerror or exc} ({exc.filename or ''})", err=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        click.echo(f"encoderkit: error: {exc.strerror or exc}{where}", err=True)
         return 2
+    except Exception as exc:  # a bug: one line, the traceback only when asked for
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            raise
+        click.echo(f"encoderkit: internal error: {type(exc).__name__}: {exc} "
+                   "(rerun with -vv for the traceback, and please report it)", err=True)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

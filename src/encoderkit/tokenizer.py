@@ -427,8 +427,8 @@ def _set_roberta_processing(backend: Any, specials: dict[str, str], add_prefix_s
     from tokenizers import processors
 
     backend.post_processor = processors.RobertaProcessing(
-        sep=(specials["sep"], backend.token_to_id(specials["sep"])),
-        cls=(specials["cls"], backend.token_to_id(specials["cls"])),
+        (specials["sep"], backend.token_to_id(specials["sep"])),
+        (specials["cls"], backend.token_to_id(specials["cls"])),
         trim_offsets=True, add_prefix_space=add_prefix_space,
     )
 

@@ -1,0 +1,32 @@
+"""Shared fixtures: the default model, the shared data directory (skipped with a reason when absent)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def shared_file(*parts: str) -> Path:
+    """A file under ../shared; the calling test is skipped, with the reason, when it is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (../shared/data and ../shared/bench exist in CI)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from encoderkit import default_model_path
+
+    try:
+        return default_model_path()
+    except Exception as exc:  # pragma: no cover - the Makefile installs it
+        pytest.skip(f"default model not installed: {exc}")
+
+
+@pytest.fixture(scope="session")
+def bench_sentences() -> list[str]:
+    path = shared_file("bench", "sentences.txt")
+    return path.read_text(encoding="utf-8").splitlines()

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from encoderkit import Embedder, Tokenizer
+from encoderkit.cli import main
+from encoderkit.jobs import DEMO_SENTENCES, run_demo
+
+from helpers import tiny_bert_dir
+
+
+def test_models_table_shows_computed_sizes(capsys) -> None:
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "bert-base" in out and "109.5M" in out and "66.4M" in out and "11.7M" in out
+
+
+def test_models_recommend(capsys) -> None:
+    assert main(["models", "--recommend", "--task", "ner", "--constraint", "memory"]) == 0
+    out = capsys.readouterr().out
+    assert "albert-base" in out and "why:" in out
+
+
+def test_info_default_model(capsys) -> None:
+    assert main(["info", "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["family"] == "bert" and facts["layers"] == 6 and facts["hidden_size"] == 384
+    assert facts["parameters"] == 22_713_216  # BertModel of all-MiniLM-L6-v2, pooler included
+    assert facts["pooling"] == "mean" and facts["normalize"] is True and facts["tokenizer"] == "wordpiece"
+
+
+def test_embed_writes_rows_in_input_order(tmp_path: Path, minilm_dir: Path) -> None:
+    model = tiny_bert_dir(tmp_path / "tiny", minilm_dir)
+    lines = ["the first line", "", "a much longer third line with many more words in it", "   ", "last"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "vectors.npy"
+    assert main(["embed", str(tmp_path / "in.txt"), "--out", str(out), "--model", str(model)]) == 0
+    vectors = np.load(out)
+    assert vectors.dtype == np.float32 and vectors.shape == (5, 32)
+    expected = Embedder.from_pretrained(model).encode(lines)
+    assert np.abs(vectors - expected).max() < 1e-6
+    assert not (tmp_path / "vectors.npy.tmp").exists()
+
+
+def test_embed_default_model_matches_python_api(tmp_path: Path) -> None:
+    lines = DEMO_SENTENCES[:4]
+    (tmp_path / "in.txt").write_text("\n".join(lines), encoding="utf-8")
+    assert main(["embed", str(tmp_path / "in.txt"), "--out", str(tmp_path / "o.npy")]) == 0
+    assert np.abs(np.load(tmp_path / "o.npy") - Embedder.from_pretrained().encode(lines)).max() < 1e-6
+
+
+def test_train_tokenizer_command(tmp_path: Path, capsys) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence number {i} about encoders and tokenizers" for i in range(300)))
+    assert main(["train-tokenizer", str(corpus), "--out", str(tmp_path / "tok"), "--kind", "bpe",
+                 "--vocab-size", "300", "--min-frequency", "1"]) == 0
+    assert "bpe tokenizer" in capsys.readouterr().out
+    tokenizer = Tokenizer.from_pretrained(tmp_path / "tok")
+    assert tokenizer.kind == "bpe" and tokenizer.vocab_size <= 300
+    assert tokenizer.decode(tokenizer.encode("sentence about encoders").input_ids) == "sentence about encoders"
+
+
+def test_train_tokenizer_missing_file(tmp_path: Path, capsys) -> None:
+    assert main(["train-tokenizer", str(tmp_path / "none.txt"), "--out", str(tmp_path / "tok")]) == 2
+    assert "training file not found" in capsys.readouterr().err
+
+
+def test_demo_finds_the_paraphrase_of_each_sentence() -> None:
+    lines: list[str] = []
+    result = run_demo(None, echo=lines.append)
+    # The demo sentences come in paraphrase pairs (0,1), (2,3), ...: each one's neighbour is its partner.
+    assert result["neighbours"] == [i ^ 1 for i in range(len(DEMO_SENTENCES))]
+    assert any("nearest neighbours" in line for line in lines)
