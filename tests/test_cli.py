@@ -43,7 +43,8 @@ def test_embed_writes_rows_in_input_order(tmp_path: Path, minilm_dir: Path) -> N
     assert vectors.dtype == np.float32 and vectors.shape == (5, 32)
     expected = Embedder.from_pretrained(model).encode(lines)
     assert np.abs(vectors - expected).max() < 1e-6
-    assert not (tmp_path / "vectors.npy.tmp").exists()
+    assert (tmp_path / "vectors.ids.txt").read_text().splitlines() == ["0", "1", "2", "3", "4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "tiny", "vectors.ids.txt", "vectors.npy"]
 
 
 def test_embed_default_model_matches_python_api(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from encoderkit import Embedder, InputError
-from encoderkit.tasks.embed import pool, read_lines
+from encoderkit.data.readers import read_lines
+from encoderkit.tasks.embed import pool
 
 ST_MODES = {"mean": "mean", "cls": "cls", "max": "max", "weightedmean": "weightedmean",
             "mean_sqrt_len": "mean_sqrt_len_tokens"}
@@ -50,4 +51,4 @@ def test_read_lines_replaces_bad_bytes(tmp_path, caplog) -> None:
     path = tmp_path / "in.txt"
     path.write_bytes(b"\xef\xbb\xbfgood line\nbad \xff\xfe bytes\r\n\nlast")
     assert read_lines(path) == ["good line", "bad \ufffd\ufffd bytes", "", "last"]
-    assert "not UTF-8" in caplog.text
+    assert "1 line(s) held bytes that are not UTF-8" in caplog.text

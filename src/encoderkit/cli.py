@@ -87,18 +87,86 @@ def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_s
     click.echo(f"trained a {kind} tokenizer with {tokenizer.vocab_size:,} tokens -> {out_dir}")
 
 
+DTYPE_HELP = "fp32 (exact), bf16 (faster, slightly less exact), auto (bf16 where the CPU runs it natively)"
+
+
 @cli.command()
 @click.argument("input_path", metavar="INPUT")
-@click.option("--out", "out_path", required=True, help="output .npy file (float32, one row per input line)")
+@click.option("--out", "out_path", required=True, help="output .npy (float32, one row per record); ids go to OUT.ids.txt")
 @click.option("--model", default=None, help=MODEL_HELP)
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--max-length", type=int, default=None, help="truncate texts to this many tokens")
-def embed(input_path: str, out_path: str, model: str | None, batch_size: int, max_length: int | None) -> None:
-    """Embed a text file (one text per line) into a float32 .npy array, in input order."""
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32", show_default=True, help=DTYPE_HELP)
+@click.option("--format", "fmt", type=click.Choice(["text", "jsonl", "csv", "tsv"]), default=None,
+              help="input format (default: from the file extension; otherwise one text per line)")
+@click.option("--text-field", default=None, help="JSONL key / CSV column holding the text")
+@click.option("--id-field", default=None, help="JSONL key / CSV column holding the id (default: record number)")
+@click.option("--max-length", type=int, default=None, help="tokens per text (default: the model's)")
+@click.option("--long-text", type=click.Choice(["truncate", "window"]), default="truncate", show_default=True,
+              help="texts beyond max-length: truncate (with a warning) or embed overlapping windows and average")
+@click.option("--chunk-size", type=int, default=4096, show_default=True, help="records per written chunk")
+@click.option("--restart", is_flag=True, help="ignore the progress of an interrupted run and start over")
+def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: str | None, text_field: str | None,
+          id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, restart: bool) -> None:
+    """Embed a text/JSONL/CSV file into a float32 .npy (input order) plus ids, streamed and resumable."""
     from .tasks.embed import embed_file
 
-    result = embed_file(input_path, out_path, model=model, batch_size=batch_size, max_length=max_length)
-    click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}")
+    result = embed_file(input_path, out_path, model=model, fmt=fmt, text_field=text_field, id_field=id_field,
+                        chunk_size=chunk_size, resume=not restart, dtype=dtype, max_length=max_length,
+                        long_text=long_text)
+    resumed = f" (resumed after {result.resumed_from:,})" if result.resumed_from else ""
+    click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}{resumed}; "
+               f"ids in {result.ids_path}")
+
+
+@cli.command("eval-sts")
+@click.argument("path")
+@click.option("--model", default=None, help=MODEL_HELP)
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32", show_default=True, help=DTYPE_HELP)
+def eval_sts(path: str, model: str | None, dtype: str) -> None:
+    """Spearman and Pearson correlation of cosine similarity with the gold scores of an STS-B file."""
+    from .tasks.embed import Embedder
+    from .tasks.sts import evaluate_sts
+
+    result = evaluate_sts(path, Embedder.from_pretrained(model, dtype=dtype))
+    click.echo(f"pairs: {result.pairs}")
+    click.echo(f"spearman: {result.spearman:.6f}")
+    click.echo(f"pearson: {result.pearson:.6f}")
+
+
+@cli.command()
+@click.argument("vectors_path", metavar="VECTORS")
+@click.option("--out", "out_dir", required=True, help="directory to save the index to")
+@click.option("--ids", "ids_path", default=None, help="ids file, one per line (default: VECTORS.ids.txt if present)")
+@click.option("--kind", type=click.Choice(["exact", "hnsw", "sq8"]), default="exact", show_default=True)
+@click.option("--metric", type=click.Choice(["cosine", "ip"]), default="cosine", show_default=True)
+@click.option("--model", default=None, help="model to embed queries with at search time (default: the default model)")
+@click.option("--texts", "texts_path", default=None, help="the embedded input file, to show texts in results")
+def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metric: str, model: str | None,
+          texts_path: str | None) -> None:
+    """Build a search index from an embeddings .npy (as written by `encoderkit embed`)."""
+    from .jobs import build_index_job
+
+    built = build_index_job(vectors_path, out_dir, ids_path=ids_path, kind=kind, metric=metric, model=model,
+                            texts_path=texts_path)
+    click.echo(f"indexed {len(built):,} vectors ({built.kind}, {built.metric}) -> {out_dir}")
+
+
+@cli.command()
+@click.argument("index_dir", metavar="INDEX")
+@click.argument("query")
+@click.option("-k", "--top-k", "k", type=int, default=10, show_default=True)
+@click.option("--model", default=None, help="model for the query (default: the one recorded in the index)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool) -> None:
+    """Find the nearest texts to QUERY in a saved index."""
+    from .jobs import search_job
+
+    hits = search_job(index_dir, query, k=k, model=model)
+    if as_json:
+        click.echo(json.dumps(hits, indent=2, ensure_ascii=False))
+        return
+    for hit in hits:
+        text = f"  {hit['text']}" if "text" in hit else ""
+        click.echo(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['id']}{text}")
 
 
 @cli.command()

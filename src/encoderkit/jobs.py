@@ -105,3 +105,57 @@ def run_demo(model: str | Path | None, echo: Callable[[str], None] = print) -> d
         neighbours.append(best)
         echo(f"  {sentence}\n      -> {DEMO_SENTENCES[best]}  ({similarity[index, best]:.3f})")
     return {"facts": facts, "neighbours": neighbours}
+
+
+def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: str | Path | None = None,
+                    kind: str = "exact", metric: str = "cosine", model: str | Path | None = None,
+                    texts_path: str | Path | None = None):
+    """Index an embeddings .npy (memory-mapped) with its ids; record the query model and the texts' file."""
+    from .data.readers import read_lines
+    from .errors import DataError
+    from .hub import resolve_model
+    from .tasks.search import build_index
+
+    vectors_path = Path(vectors_path)
+    if not vectors_path.is_file():
+        raise DataError(f"embeddings file not found: {vectors_path}")
+    try:
+        vectors = np.load(vectors_path, mmap_mode="r")
+    except ValueError as exc:
+        raise DataError(f"{vectors_path} is not a .npy array: {exc}") from exc
+    default_ids = vectors_path.with_suffix(".ids.txt")
+    ids = None
+    if ids_path is not None or default_ids.is_file():
+        ids = read_lines(ids_path or default_ids)
+        if len(ids) != len(vectors):
+            raise DataError(f"{ids_path or default_ids} has {len(ids)} ids for {len(vectors)} vectors")
+    index = build_index(vectors, ids, kind=kind, metric=metric)
+    index.info = {"model": str(resolve_model(model).root), "vectors": str(vectors_path.resolve())}
+    if texts_path is not None:
+        index.info["texts"] = str(Path(texts_path).resolve())
+    index.save(out_dir)
+    return index
+
+
+def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | Path | None = None) -> list[dict]:
+    from .data.readers import iter_records
+    from .tasks.embed import Embedder
+    from .tasks.search import VectorIndex
+
+    index = VectorIndex.load(index_dir)
+    embedder = Embedder.from_pretrained(model or index.info.get("model"))
+    if embedder.dimension != index.dimension:
+        from .errors import InputError
+
+        raise InputError(f"the model gives {embedder.dimension}-dim vectors but the index holds "
+                         f"{index.dimension}-dim ones; pass the model the index was built with (--model)")
+    result = index.search(embedder.encode([query]), k)
+    hits = [{"rank": rank + 1, "score": float(score), "id": index.ids[row], "row": int(row)}
+            for rank, (score, row) in enumerate(zip(result.scores[0], result.indices[0])) if row >= 0]
+    texts_path = index.info.get("texts")
+    if texts_path and Path(texts_path).is_file():  # one streamed pass to fetch the k texts
+        wanted = {hit["row"]: hit for hit in hits}
+        for row, record in enumerate(iter_records(texts_path)):
+            if row in wanted:
+                wanted[row]["text"] = record.text
+    return hits

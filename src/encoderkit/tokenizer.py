@@ -289,6 +289,30 @@ class Tokenizer:
             special_tokens_mask=tensor("special_tokens_mask"), encodings=[Encoded.from_backend(e) for e in encs],
         )
 
+    def encode_ids(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *, max_length: int | None = None,
+                   truncation: str | bool = "longest_first") -> tuple[list[list[int]], list[list[int]]]:
+        """Token ids and type ids of many texts, unpadded: the input of the packed fast path."""
+        encodings = self._encode_unpadded(texts, pairs, max_length, truncation)
+        return [e.ids for e in encodings], [e.type_ids for e in encodings]
+
+    def _encode_unpadded(self, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int | None,
+                         truncation: str | bool) -> list[Any]:
+        if isinstance(texts, str):
+            raise InputError("expected a list of texts; for one text use encode()")
+        for index, text in enumerate(texts):
+            _check_text(text, f"texts[{index}]")
+        if pairs is not None:
+            if len(pairs) != len(texts):
+                raise InputError(f"got {len(texts)} texts but {len(pairs)} pairs; they must be the same length")
+            for index, text in enumerate(pairs):
+                _check_text(text, f"pairs[{index}]")
+        self._configure(max_length, truncation, 0, False, None)
+        inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
+        try:
+            return self.backend.encode_batch(inputs, add_special_tokens=True)
+        except Exception as exc:
+            raise InputError(f"cannot tokenise this batch: {exc}") from exc
+
     def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None,
                  **kwargs: Any) -> BatchEncoding:
         if isinstance(texts, str):

@@ -1,0 +1,1 @@
+"""Data steps: readers for text, JSONL, CSV/TSV and STS files."""
