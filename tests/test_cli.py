@@ -76,3 +76,21 @@ def test_demo_finds_the_paraphrase_of_each_sentence() -> None:
     # The demo sentences come in paraphrase pairs (0,1), (2,3), ...: each one's neighbour is its partner.
     assert result["neighbours"] == [i ^ 1 for i in range(len(DEMO_SENTENCES))]
     assert any("nearest neighbours" in line for line in lines)
+
+
+def test_embed_index_search_end_to_end(tmp_path: Path, capsys) -> None:
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(DEMO_SENTENCES) + "\n", encoding="utf-8")
+    assert main(["embed", str(corpus), "--out", str(tmp_path / "docs.npy")]) == 0
+    assert main(["index", str(tmp_path / "docs.npy"), "--out", str(tmp_path / "idx"), "--texts", str(corpus)]) == 0
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "idx"), "feline resting near the glass", "-k", "2", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert [h["rank"] for h in hits] == [1, 2]
+    assert {h["text"] for h in hits} == {DEMO_SENTENCES[4], DEMO_SENTENCES[5]}  # the two cat sentences
+    assert hits[0]["score"] >= hits[1]["score"]
+
+
+def test_search_missing_index(tmp_path: Path, capsys) -> None:
+    assert main(["search", str(tmp_path), "query"]) == 2
+    assert "not a saved index" in capsys.readouterr().err

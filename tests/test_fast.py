@@ -1,0 +1,155 @@
+"""The fast path (packed tokens, fused QKV, pre-packed linears) equals the plain padded path."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from encoderkit import Embedder, EncoderConfig, Tokenizer, build_model
+from encoderkit.modeling.fast import FastEncoder, PackedBatch, plan_batches, pool_packed
+from encoderkit.tasks.embed import POOLING_MODES, pool
+
+FAMILY_CONFIGS = {
+    "bert": dict(model_type="bert"),
+    "roberta": dict(model_type="roberta", pad_token_id=1, type_vocab_size=1, max_position_embeddings=66),
+    "distilbert": dict(model_type="distilbert", type_vocab_size=0),
+    "albert": dict(model_type="albert", embedding_size=16, num_hidden_groups=1, inner_group_num=2,
+                   hidden_act="gelu_new"),
+    "electra": dict(model_type="electra", embedding_size=24),
+}
+
+
+def random_model(family: str):
+    torch.manual_seed(0)
+    config = EncoderConfig(**{**dict(vocab_size=120, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+                                     intermediate_size=80, max_position_embeddings=64), **FAMILY_CONFIGS[family]})
+    model = build_model(config, "base").eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def random_sequences(config: EncoderConfig, lengths: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    generator = torch.Generator().manual_seed(3)
+    ids = [torch.randint(5, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+    types = [[0] * (n // 2) + [1] * (n - n // 2) if config.type_vocab_size > 1 else [0] * n for n in lengths]
+    return ids, types
+
+
+def padded(ids: list[list[int]], types: list[list[int]], pad: int):
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad)
+    type_ids = torch.zeros((len(ids), width), dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, (seq, seq_types) in enumerate(zip(ids, types)):
+        input_ids[row, :len(seq)] = torch.tensor(seq)
+        type_ids[row, :len(seq)] = torch.tensor(seq_types)
+        mask[row, :len(seq)] = 1
+    return input_ids, mask, type_ids
+
+
+@pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
+def test_packed_fp32_equals_plain_path(family: str) -> None:
+    model = random_model(family)
+    lengths = [17, 17, 9, 9, 9, 4, 1, 30]  # runs of equal lengths and singletons
+    ids, types = random_sequences(model.config, lengths)
+    input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
+    with torch.no_grad():
+        plain = model(input_ids, mask, type_ids).last_hidden_state
+    fast = FastEncoder(model)
+    batch = PackedBatch.from_lists(ids, types, model.config)
+    packed = fast(batch)
+    assert (packed - plain[mask.bool()]).abs().max() <= 1e-5
+    for mode in POOLING_MODES:
+        want = pool(plain, mask, mode)
+        assert (pool_packed(packed, batch, mode) - want).abs().max() <= 1e-5, mode
+
+
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_packed_bf16_stays_close(family: str) -> None:
+    model = random_model(family)
+    ids, types = random_sequences(model.config, [20, 12, 12, 5])
+    input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
+    with torch.no_grad():
+        plain = pool(model(input_ids, mask, type_ids).last_hidden_state, mask, "mean")
+    batch = PackedBatch.from_lists(ids, types, model.config)
+    fast = pool_packed(FastEncoder(model, torch.bfloat16)(batch), batch, "mean")
+    cosine = F.cosine_similarity(fast, plain, dim=1)
+    assert fast.dtype == torch.float32 and cosine.min() > 0.999
+
+
+def test_plan_batches_respects_the_token_budget() -> None:
+    lengths = np.array([5, 300, 40, 41, 40, 7, 7, 7, 128])
+    batches = plan_batches(lengths, token_budget=256, max_batch_size=4)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) <= 4
+        assert len(batch) == 1 or len(batch) * lengths[batch].max() <= 256
+        assert list(lengths[batch]) == sorted(lengths[batch], reverse=True)
+
+
+@pytest.fixture(scope="module")
+def minilm_embedder(minilm_dir):
+    return Embedder.from_pretrained(minilm_dir)
+
+
+def test_long_text_is_truncated_with_a_warning(minilm_embedder, caplog) -> None:
+    long_text = "encoders read text in both directions " * 20_000  # ~780k characters
+    with caplog.at_level(logging.WARNING):
+        vector = minilm_embedder.encode([long_text, "short"])
+    assert "1 of 2 texts are longer than 256 tokens" in caplog.text
+    head = " ".join(long_text.split()[:400])
+    assert np.abs(vector[0] - minilm_embedder.encode(head)).max() < 1e-5  # the same first 254 tokens
+
+
+def test_window_mode_averages_overlapping_windows(minilm_dir) -> None:
+    embedder = Embedder.from_pretrained(minilm_dir, max_length=16, long_text="window", window_stride=4,
+                                        normalize=False)
+    text = " ".join(f"word{i}" for i in range(30))
+    tokenizer = embedder.tokenizer
+    first = tokenizer.encode(text, max_length=16, stride=4, return_overflowing=True)
+    windows = [first] + first.overflowing
+    assert len(windows) >= 3
+    model = embedder.model
+    vectors, weights = [], []
+    for window in windows:
+        ids = torch.tensor([window.input_ids])
+        with torch.no_grad():
+            hidden = model(ids, torch.ones_like(ids)).last_hidden_state
+        vectors.append(hidden[0].mean(0))
+        weights.append(len(window.input_ids))
+    expected = sum(w * v for w, v in zip(weights, vectors)) / sum(weights)
+    got = embedder.encode([text, "a short text"])
+    assert np.abs(got[0] - expected.numpy()).max() < 1e-5
+    plain = Embedder.from_pretrained(minilm_dir, max_length=16, normalize=False)
+    assert np.abs(got[1] - plain.encode("a short text")).max() < 1e-5  # short texts are one window
+
+
+def test_empty_and_whitespace_texts_are_defined(minilm_embedder) -> None:
+    vectors = minilm_embedder.encode(["", "   \t ", "\n", "text"])
+    assert np.isfinite(vectors).all()
+    # Whitespace normalises away: all three embed as "[CLS] [SEP]".
+    assert np.abs(vectors[0] - vectors[1]).max() < 1e-6 and np.abs(vectors[0] - vectors[2]).max() < 1e-6
+    assert minilm_embedder.encode([]).shape == (0, 384)
+
+
+def test_dtype_choices(minilm_dir) -> None:
+    from encoderkit import InputError
+    from encoderkit.precision import cpu_has_native_bf16
+
+    auto = Embedder.from_pretrained(minilm_dir, dtype="auto")
+    assert auto.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    assert Embedder.from_pretrained(minilm_dir).dtype == torch.float32  # exact unless asked otherwise
+    with pytest.raises(InputError, match="unknown dtype"):
+        Embedder.from_pretrained(minilm_dir, dtype="fp8")
+
+
+def test_tokenizer_encode_ids_is_unpadded(minilm_dir) -> None:
+    tokenizer = Tokenizer.from_pretrained(minilm_dir)
+    ids, types = tokenizer.encode_ids(["one", "two words here"], ["pair", "x"])
+    assert [len(x) for x in ids] == [len(tokenizer.encode("one", "pair")), len(tokenizer.encode("two words here", "x"))]
+    assert types[0] == tokenizer.encode("one", "pair").token_type_ids
