@@ -1,0 +1,72 @@
+"""Shared pieces of the benchmark scripts: paths, machine facts, matmul peak, JSON output."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+RESULTS = ROOT / "bench" / "results"
+
+
+def require(path: Path) -> Path:
+    if not path.exists():
+        sys.exit(f"{path} is missing: the benchmarks read ../shared (data and fixed inputs) beside the repository")
+    return path
+
+
+def machine() -> dict[str, Any]:
+    from encoderkit.precision import cpu_has_native_bf16
+
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "native_bf16": cpu_has_native_bf16()}
+
+
+def matmul_peak(dtype: torch.dtype, size: tuple[int, int, int] = (4096, 384, 1536), repeats: int = 20) -> float:
+    """Achieved GFLOP/s of torch.mm at a shape typical of these models (tokens x hidden x ffn)."""
+    m, k, n = size
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return 2 * m * k * n / best / 1e9
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def write_result(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    data = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+            **data}
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+    return path

@@ -1,0 +1,189 @@
+"""Encode speed: encoderkit vs sentence-transformers vs transformers, interleaved in one process.
+
+On ../shared/bench/sentences.txt (2,000 texts), 2 threads, the default model (all-MiniLM-L6-v2,
+max 256 tokens). Each repeat times every contender once, in turn, so drifts in machine speed hit
+all of them alike; ratios are taken per repeat and the median reported. Accuracy: max abs
+difference of the embeddings from sentence-transformers', and STS-B dev Spearman.
+
+    python bench/encode.py [--repeats 5] [--no-compile]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common import SHARED, machine, matmul_peak, median, require, timed, write_result
+
+
+def load_sentences() -> list[str]:
+    return require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
+
+
+def transformers_contender(model_dir, sentences, compiled: bool = False):
+    """transformers BertModel (sdpa), length-sorted batches of 32, mean pooling, L2 normalisation."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+
+    def run() -> np.ndarray:
+        out = np.zeros((len(sentences), 384), dtype=np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(order), 32):
+                rows = order[start:start + 32]
+                batch = tokenizer([sentences[i] for i in rows], padding=True, truncation=True, max_length=256,
+                                  return_tensors="pt")
+                hidden = model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).float()
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out[rows] = F.normalize(pooled, dim=1).numpy()
+        return out
+
+    return run
+
+
+def encoderkit_compiled(model_dir, sentences):
+    """encoderkit's plain padded model under torch.compile(dynamic=True), length-sorted batches of 32."""
+    from encoderkit import load_model, Tokenizer
+    from encoderkit.tasks.embed import pool
+
+    model = load_model(model_dir, task="base")
+    tokenizer = Tokenizer.from_pretrained(model.source.tokenizer_dir)
+    compiled = torch.compile(model, dynamic=True)
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+
+    def run() -> np.ndarray:
+        out = np.zeros((len(sentences), 384), dtype=np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(order), 32):
+                rows = order[start:start + 32]
+                batch = tokenizer.encode_batch([sentences[i] for i in rows], max_length=256)
+                hidden = compiled(batch.input_ids, batch.attention_mask, batch.token_type_ids).last_hidden_state
+                out[rows] = F.normalize(pool(hidden, batch.attention_mask, "mean"), dim=1).numpy()
+        return out
+
+    return run
+
+
+def int8_embedder(model_dir):
+    """The fast path with its linear layers replaced by PyTorch dynamic int8 quantised ones."""
+    from encoderkit import Embedder
+
+    embedder = Embedder.from_pretrained(model_dir)
+    for layer in embedder.fast.layers:
+        for name in ("qkv", "out", "ffn_in", "ffn_out"):
+            packed = getattr(layer, name)
+            linear = torch.nn.Linear(packed.weight.shape[1], packed.weight.shape[0])
+            linear.weight.data, linear.bias.data = packed.weight.float().clone(), packed.bias.float().clone()
+            quantised = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
+                                                               dtype=torch.qint8)
+            setattr(layer, name, quantised[0])
+    return embedder
+
+
+def sts_spearman(encode) -> float:
+    from encoderkit.data.readers import read_sts
+    from encoderkit.tasks.sts import spearman
+
+    pairs = read_sts(require(SHARED / "data" / "stsb" / "sts-dev.csv"))
+    a = encode([p.sentence1 for p in pairs])
+    b = encode([p.sentence2 for p in pairs])
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return spearman(np.array([p.score for p in pairs]), (a * b).sum(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    from sentence_transformers import SentenceTransformer
+
+    from encoderkit import Embedder, default_model_path, Tokenizer
+
+    model_dir = default_model_path()
+    sentences = load_sentences()
+    tokenizer = Tokenizer.from_pretrained(model_dir)
+    lengths = np.array([len(x) for x in tokenizer.encode_ids(sentences, max_length=256)[0]])
+    tokens = int(lengths.sum())
+    layers, hidden, inner = 6, 384, 1536
+    # FLOPs: dense layers 2*(4H^2 + 2HI) per token per layer; attention 4*L*H per token per layer.
+    flops = float(layers * (tokens * 2 * (4 * hidden**2 + 2 * hidden * inner) + (4 * lengths**2 * hidden).sum()))
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    print(f"{len(sentences)} texts, {tokens:,} real tokens, {flops / 1e12:.2f} TFLOP per pass; "
+          f"torch.mm peak fp32 {peaks['fp32']:.0f} GFLOP/s, bf16 {peaks['bf16']:.0f} GFLOP/s")
+
+    st_model = SentenceTransformer(str(model_dir), device="cpu")
+    fp32 = Embedder.from_pretrained(model_dir, dtype="fp32")
+    bf16 = Embedder.from_pretrained(model_dir, dtype="bf16")
+    int8 = int8_embedder(model_dir)
+    contenders = {
+        "sentence-transformers": lambda: st_model.encode(sentences, batch_size=32),
+        "transformers": transformers_contender(model_dir, sentences),
+        "encoderkit fp32": lambda: fp32.encode(sentences),
+        "encoderkit bf16": lambda: bf16.encode(sentences),
+        "encoderkit int8 (dynamic)": lambda: int8.encode(sentences),
+    }
+    compile_seconds = None
+    if not args.no_compile:
+        try:
+            run = encoderkit_compiled(model_dir, sentences)
+            compile_seconds, _ = timed(run)  # the first pass compiles
+            contenders["encoderkit fp32 torch.compile"] = run
+        except Exception as exc:  # report, do not hide
+            print(f"torch.compile failed: {type(exc).__name__}: {exc}")
+            compile_seconds = f"failed: {type(exc).__name__}"
+
+    outputs = {name: fn() for name, fn in contenders.items()}  # warm-up, and the vectors compared below
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for repeat in range(args.repeats):
+        for name, fn in contenders.items():
+            seconds, _ = timed(fn)
+            times[name].append(seconds)
+        print(f"repeat {repeat + 1}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()))
+
+    reference = outputs["sentence-transformers"]
+    baseline = times["sentence-transformers"]
+    sts = {
+        "sentence-transformers": sts_spearman(lambda t: st_model.encode(t, batch_size=32)),
+        "encoderkit fp32": sts_spearman(fp32.encode),
+        "encoderkit bf16": sts_spearman(bf16.encode),
+        "encoderkit int8 (dynamic)": sts_spearman(int8.encode),
+    }
+    rows = []
+    for name, seconds in times.items():
+        dtype = "bf16" if "bf16" in name else "fp32"
+        t = median(seconds)
+        row = {
+            "contender": name, "median_seconds": t, "seconds": seconds,
+            "texts_per_second": len(sentences) / t, "tokens_per_second": tokens / t,
+            "gflops_per_second": flops / t / 1e9, "share_of_mm_peak": flops / t / 1e9 / peaks[dtype],
+            "speedup_vs_sentence_transformers": median([b / s for b, s in zip(baseline, seconds)]),
+            "max_abs_diff_vs_sentence_transformers": float(np.abs(outputs[name] - reference).max()),
+        }
+        if name in sts:
+            row["sts_dev_spearman"] = sts[name]
+        rows.append(row)
+    print(f"\n{'contender':32s} {'texts/s':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'peak%':>6s} {'vs ST':>6s} "
+          f"{'max|diff|':>9s} {'STS rho':>8s}")
+    for row in rows:
+        print(f"{row['contender']:32s} {row['texts_per_second']:8.0f} {row['tokens_per_second']:9.0f} "
+              f"{row['gflops_per_second']:8.1f} {100 * row['share_of_mm_peak']:5.0f}% "
+              f"{row['speedup_vs_sentence_transformers']:5.2f}x {row['max_abs_diff_vs_sentence_transformers']:9.1e} "
+              f"{row.get('sts_dev_spearman', float('nan')):8.4f}")
+    write_result("encode", {
+        "texts": len(sentences), "tokens": tokens, "tflop_per_pass": flops / 1e12, "repeats": args.repeats,
+        "mm_peak_gflops": peaks, "compile_first_pass_seconds": compile_seconds, "rows": rows,
+    })
+
+
+if __name__ == "__main__":
+    main()
