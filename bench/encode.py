@@ -23,12 +23,8 @@ def load_sentences() -> list[str]:
     return require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
 
 
-def transformers_contender(model_dir, sentences, compiled: bool = False):
-    """transformers BertModel (sdpa), length-sorted batches of 32, mean pooling, L2 normalisation."""
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
+def sorted_batches(sentences: list[str], embed_batch) -> callable:
+    """A contender that embeds length-sorted batches of 32 with ``embed_batch(texts) -> (n, 384) tensor``."""
     order = np.argsort([-len(s) for s in sentences], kind="stable")
 
     def run() -> np.ndarray:
@@ -36,15 +32,26 @@ def transformers_contender(model_dir, sentences, compiled: bool = False):
         with torch.inference_mode():
             for start in range(0, len(order), 32):
                 rows = order[start:start + 32]
-                batch = tokenizer([sentences[i] for i in rows], padding=True, truncation=True, max_length=256,
-                                  return_tensors="pt")
-                hidden = model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).float()
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                out[rows] = F.normalize(pooled, dim=1).numpy()
+                out[rows] = F.normalize(embed_batch([sentences[i] for i in rows]), dim=1).numpy()
         return out
 
     return run
+
+
+def transformers_contender(model_dir, sentences):
+    """transformers BertModel (sdpa), length-sorted batches of 32, mean pooling, L2 normalisation."""
+    import transformers
+
+    from encoderkit.tasks.embed import pool
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
+
+    def embed_batch(texts: list[str]) -> torch.Tensor:
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        return pool(model(**batch).last_hidden_state, batch["attention_mask"], "mean")
+
+    return sorted_batches(sentences, embed_batch)
 
 
 def encoderkit_compiled(model_dir, sentences):
@@ -55,19 +62,13 @@ def encoderkit_compiled(model_dir, sentences):
     model = load_model(model_dir, task="base")
     tokenizer = Tokenizer.from_pretrained(model.source.tokenizer_dir)
     compiled = torch.compile(model, dynamic=True)
-    order = np.argsort([-len(s) for s in sentences], kind="stable")
 
-    def run() -> np.ndarray:
-        out = np.zeros((len(sentences), 384), dtype=np.float32)
-        with torch.inference_mode():
-            for start in range(0, len(order), 32):
-                rows = order[start:start + 32]
-                batch = tokenizer.encode_batch([sentences[i] for i in rows], max_length=256)
-                hidden = compiled(batch.input_ids, batch.attention_mask, batch.token_type_ids).last_hidden_state
-                out[rows] = F.normalize(pool(hidden, batch.attention_mask, "mean"), dim=1).numpy()
-        return out
+    def embed_batch(texts: list[str]) -> torch.Tensor:
+        batch = tokenizer.encode_batch(texts, max_length=256)
+        hidden = compiled(batch.input_ids, batch.attention_mask, batch.token_type_ids).last_hidden_state
+        return pool(hidden, batch.attention_mask, "mean")
 
-    return run
+    return sorted_batches(sentences, embed_batch)
 
 
 def int8_embedder(model_dir):
@@ -160,12 +161,13 @@ def main() -> None:
     }
     rows = []
     for name, seconds in times.items():
-        dtype = "bf16" if "bf16" in name else "fp32"
+        dtype = "bf16" if "bf16" in name else "int8" if "int8" in name else "fp32"
         t = median(seconds)
         row = {
             "contender": name, "median_seconds": t, "seconds": seconds,
             "texts_per_second": len(sentences) / t, "tokens_per_second": tokens / t,
-            "gflops_per_second": flops / t / 1e9, "share_of_mm_peak": flops / t / 1e9 / peaks[dtype],
+            "gflops_per_second": flops / t / 1e9,
+            "share_of_mm_peak": flops / t / 1e9 / peaks[dtype] if dtype in peaks else None,
             "speedup_vs_sentence_transformers": median([b / s for b, s in zip(baseline, seconds)]),
             "max_abs_diff_vs_sentence_transformers": float(np.abs(outputs[name] - reference).max()),
         }
@@ -176,7 +178,7 @@ def main() -> None:
           f"{'max|diff|':>9s} {'STS rho':>8s}")
     for row in rows:
         print(f"{row['contender']:32s} {row['texts_per_second']:8.0f} {row['tokens_per_second']:9.0f} "
-              f"{row['gflops_per_second']:8.1f} {100 * row['share_of_mm_peak']:5.0f}% "
+              f"{row['gflops_per_second']:8.1f} {100 * (row['share_of_mm_peak'] or 0):5.0f}% "
               f"{row['speedup_vs_sentence_transformers']:5.2f}x {row['max_abs_diff_vs_sentence_transformers']:9.1e} "
               f"{row.get('sts_dev_spearman', float('nan')):8.4f}")
     write_result("encode", {

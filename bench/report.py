@@ -38,7 +38,8 @@ def render_encode(r: dict[str, Any]) -> list[str]:
     for row in r["rows"]:
         sts = row.get("sts_dev_spearman")
         rows.append([row["contender"], f"{row['texts_per_second']:,.0f}", f"{row['tokens_per_second']:,.0f}",
-                     f"{row['gflops_per_second']:.0f} ({100 * row['share_of_mm_peak']:.0f}%)",
+                     f"{row['gflops_per_second']:.0f}" + (f" ({100 * row['share_of_mm_peak']:.0f}%)"
+                                                          if row.get("share_of_mm_peak") else " (int8: no fp peak)"),
                      f"**{row['speedup_vs_sentence_transformers']:.2f}x**",
                      f"{row['max_abs_diff_vs_sentence_transformers']:.1e}",
                      "" if sts is None else f"{100 * sts:.2f}"])

@@ -259,23 +259,11 @@ class Tokenizer:
                      padding: str | bool = "longest", pad_to_multiple_of: int | None = None,
                      add_special_tokens: bool = True) -> BatchEncoding:
         """Tokenise many texts (in parallel) into a padded batch of tensors."""
-        if isinstance(texts, str):
-            raise InputError("encode_batch takes a list of texts; for one text use encode()")
-        for index, text in enumerate(texts):
-            _check_text(text, f"texts[{index}]")
-        if pairs is not None:
-            if len(pairs) != len(texts):
-                raise InputError(f"got {len(texts)} texts but {len(pairs)} pairs; they must be the same length")
-            for index, text in enumerate(pairs):
-                _check_text(text, f"pairs[{index}]")
-        if len(texts) == 0:
+        inputs = _batch_inputs(texts, pairs)
+        if not inputs:
             raise InputError("encode_batch got no texts")
         self._configure(max_length, truncation, 0, padding, pad_to_multiple_of)
-        inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
-        try:
-            encs = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        except Exception as exc:
-            raise InputError(f"cannot tokenise this batch: {exc}") from exc
+        encs = self._run_batch(inputs, add_special_tokens)
         lengths = {len(e.ids) for e in encs}
         if len(lengths) > 1:  # padding=False: pad here anyway, tensors need one length
             self._configure(max_length, truncation, 0, "longest", pad_to_multiple_of)
@@ -296,20 +284,15 @@ class Tokenizer:
         return [e.ids for e in encodings], [e.type_ids for e in encodings]
 
     def _encode_unpadded(self, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int | None,
-                         truncation: str | bool) -> list[Any]:
-        if isinstance(texts, str):
-            raise InputError("expected a list of texts; for one text use encode()")
-        for index, text in enumerate(texts):
-            _check_text(text, f"texts[{index}]")
-        if pairs is not None:
-            if len(pairs) != len(texts):
-                raise InputError(f"got {len(texts)} texts but {len(pairs)} pairs; they must be the same length")
-            for index, text in enumerate(pairs):
-                _check_text(text, f"pairs[{index}]")
-        self._configure(max_length, truncation, 0, False, None)
-        inputs = list(zip(texts, pairs)) if pairs is not None else list(texts)
+                         truncation: str | bool, stride: int = 0) -> list[Any]:
+        """The library's own encodings (with ``overflowing`` windows when ``stride`` > 0), unpadded."""
+        inputs = _batch_inputs(texts, pairs)
+        self._configure(max_length, truncation, stride, False, None)
+        return self._run_batch(inputs, True)
+
+    def _run_batch(self, inputs: list[Any], add_special_tokens: bool) -> list[Any]:
         try:
-            return self.backend.encode_batch(inputs, add_special_tokens=True)
+            return self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
         except Exception as exc:
             raise InputError(f"cannot tokenise this batch: {exc}") from exc
 
@@ -404,6 +387,21 @@ def train_tokenizer(files: Sequence[str | Path], *, kind: str = "wordpiece", voc
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
+def _batch_inputs(texts: Sequence[str], pairs: Sequence[str] | None) -> list[Any]:
+    """Checked inputs for the backend's batch call: texts, or (text, pair) tuples."""
+    if isinstance(texts, str):
+        raise InputError("expected a list of texts; for one text use encode()")
+    for index, text in enumerate(texts):
+        _check_text(text, f"texts[{index}]")
+    if pairs is None:
+        return list(texts)
+    if len(pairs) != len(texts):
+        raise InputError(f"got {len(texts)} texts but {len(pairs)} pairs; they must be the same length")
+    for index, text in enumerate(pairs):
+        _check_text(text, f"pairs[{index}]")
+    return list(zip(texts, pairs))
+
+
 def _check_text(text: Any, what: str) -> None:
     if not isinstance(text, str):
         raise InputError(f"{what} must be a string, found {type(text).__name__}")

@@ -101,14 +101,25 @@ class EncoderForMaskedLM(_TaskModel):
         self._finish_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+                output_hidden_states=False, output_attentions=False, sparse: bool = False) -> TaskOutput:
+        """``sparse=True`` (with labels): the vocabulary projection runs only at the labelled positions,
+        and ``logits`` is (labelled positions, vocab) in row-major order of those positions."""
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
                            output_attentions)
-        logits = self.mlm_head(out.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
+        logits, loss = mlm_logits_and_loss(self.mlm_head, out.last_hidden_state, labels, sparse)
         return self._output(out, logits=logits, loss=loss)
+
+
+def mlm_logits_and_loss(head: MaskedLMHead, hidden: torch.Tensor, labels: torch.Tensor | None,
+                        sparse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if labels is None:
+        return head(hidden), None
+    if sparse:
+        selected = labels != -100
+        logits = head(hidden[selected])
+        return logits, F.cross_entropy(logits.float(), labels[selected])
+    logits = head(hidden)
+    return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
 
 
 class EncoderForPreTraining(_TaskModel):
@@ -127,14 +138,12 @@ class EncoderForPreTraining(_TaskModel):
         self._finish_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                pair_labels=None, output_hidden_states=False, output_attentions=False) -> TaskOutput:
+                pair_labels=None, output_hidden_states=False, output_attentions=False,
+                sparse: bool = False) -> TaskOutput:
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
                            output_attentions)
-        logits = self.mlm_head(out.last_hidden_state)
+        logits, loss = mlm_logits_and_loss(self.mlm_head, out.last_hidden_state, labels, sparse)
         pair_logits = self.pair_head(out.pooler_output)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
         if pair_labels is not None:
             pair_loss = F.cross_entropy(pair_logits.float(), pair_labels.view(-1))
             loss = pair_loss if loss is None else loss + pair_loss
