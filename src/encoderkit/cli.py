@@ -170,6 +170,63 @@ def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool)
 
 
 @cli.command()
+@click.option("--corpus", required=True, help="training text (documents separated by blank lines)")
+@click.option("--out", "out_dir", required=True, help="output directory (checkpoints, metrics, loss.png, final/)")
+@click.option("--objective", type=click.Choice(["mlm", "mlm-nsp", "mlm-sop"]), default="mlm", show_default=True)
+@click.option("--config", "model_config", default="minilm-l6-h384", show_default=True,
+              help="a preset (see `encoderkit models`), a config.json, or a model directory to continue from")
+@click.option("--tokenizer", default=None, help="tokenizer directory (default: the model's, or the default model's)")
+@click.option("--valid", default=None, help="validation text for loss and masked-token accuracy")
+@click.option("--max-length", type=int, default=128, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--grad-accumulation", type=int, default=1, show_default=True)
+@click.option("--steps", type=int, required=True, help="optimizer steps")
+@click.option("--lr", type=float, default=5e-4, show_default=True)
+@click.option("--warmup-ratio", type=float, default=0.06, show_default=True)
+@click.option("--schedule", type=click.Choice(["linear", "cosine", "constant"]), default="linear", show_default=True)
+@click.option("--mask-rate", type=float, default=0.15, show_default=True)
+@click.option("--whole-word", is_flag=True, help="mask whole words")
+@click.option("--static-masking", is_flag=True, help="BERT's fixed masks instead of new masks each epoch")
+@click.option("--documents", type=click.Choice(["blank-line", "line"]), default="blank-line", show_default=True)
+@click.option("--bf16", is_flag=True, help="bf16 autocast")
+@click.option("--save-every", type=int, default=500, show_default=True)
+@click.option("--eval-every", type=int, default=500, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--restart", is_flag=True, help="ignore existing checkpoints in --out")
+def pretrain(corpus, out_dir, objective, model_config, tokenizer, valid, max_length, batch_size, grad_accumulation,
+             steps, lr, warmup_ratio, schedule, mask_rate, whole_word, static_masking, documents, bf16, save_every,
+             eval_every, seed, restart) -> None:
+    """Pre-train from scratch or continue pre-training (MLM, MLM+NSP, MLM+SOP); resumes automatically."""
+    from .data.masking import MaskingConfig
+    from .training.pretrain import pretrain as run_pretrain
+
+    result = run_pretrain(
+        corpus, out_dir, objective=objective, config=model_config, tokenizer=tokenizer, valid=valid,
+        max_length=max_length, masking=MaskingConfig(rate=mask_rate, whole_word=whole_word, dynamic=not static_masking),
+        document_mode=documents, resume=not restart, max_steps=steps, batch_size=batch_size,
+        grad_accumulation=grad_accumulation, learning_rate=lr, warmup_ratio=warmup_ratio, schedule=schedule,
+        bf16=bf16, save_every=save_every, eval_every=eval_every, seed=seed)
+    final = ", ".join(f"{k} {v:.4f}" for k, v in result["final"].items())
+    click.echo(f"trained {result['step']} steps on {result['examples']:,} sequences; {final or 'no validation set'}; "
+               f"model in {out_dir}/final")
+
+
+@cli.command("fill-mask")
+@click.argument("model")
+@click.argument("text")
+@click.option("-k", "--top-k", type=int, default=5, show_default=True)
+def fill_mask(model: str, text: str, top_k: int) -> None:
+    """Most probable tokens for the mask token(s) in TEXT, with probabilities."""
+    from .tasks.fill_mask import FillMask
+
+    for index, predictions in enumerate(FillMask.from_pretrained(model)(text, top_k=top_k)[0]):
+        if index:
+            click.echo("")
+        for prediction in predictions:
+            click.echo(f"{prediction.score:8.4f}  {prediction.token:15s}  {prediction.sequence}")
+
+
+@cli.command()
 @click.option("--model", default=None, help=MODEL_HELP)
 def demo(model: str | None) -> None:
     """Load the default model, show what it is, embed a few sentences and find nearest neighbours."""

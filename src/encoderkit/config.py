@@ -355,6 +355,11 @@ def load_config(source: str | Path | dict[str, Any]) -> EncoderConfig:
     text = str(source)
     if text.lower() in PRESETS:
         return preset(text)
+    if text.lstrip().startswith("{"):  # inline JSON, as in --config '{"model_type": "bert", ...}'
+        try:
+            return EncoderConfig.from_hf_dict(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--config looks like inline JSON but is not valid JSON: {exc}") from exc
     path = Path(text)
     if path.is_dir():
         path = path / "config.json"

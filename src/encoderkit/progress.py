@@ -17,6 +17,7 @@ class Progress:
         self.unit = unit
         self.enabled = enabled
         self.done = 0
+        self._skipped = 0
         self.log_every_s = log_every_s
         self._start = 0.0
         self._last_log = 0.0
@@ -39,14 +40,22 @@ class Progress:
             self._task = self._bar.add_task(self.description, total=self.total, rate="")
         return self
 
+    def skip(self, n: int) -> None:
+        """Units already done before this run (a resumed job): counted in the total, not in the rate."""
+        self.done += n
+        self._skipped += n
+        if self._bar is not None:
+            self._bar.update(self._task, advance=n)
+
     @property
     def rate(self) -> float:
         elapsed = time.perf_counter() - self._start
-        return self.done / elapsed if elapsed > 0 else 0.0
+        return (self.done - self._skipped) / elapsed if elapsed > 0 else 0.0
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self, n: int = 1, status: str = "") -> None:
+        """Count ``n`` more units; ``status`` (e.g. "loss 2.31, 8,000 tok/s") is shown beside the rate."""
         self.done += n
-        rate = f"{self.rate:,.1f} {self.unit}/s"
+        rate = f"{self.rate:,.1f} {self.unit}/s" + (f", {status}" if status else "")
         if self._bar is not None:
             self._bar.update(self._task, advance=n, rate=rate)
         elif self.enabled and time.perf_counter() - self._last_log >= self.log_every_s:

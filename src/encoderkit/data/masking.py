@@ -100,7 +100,10 @@ class Masker:
         mask = np.zeros((batch, width), dtype=np.int64)
         for row, example in enumerate(examples):
             length = len(example["input_ids"])
-            masked, example_labels = self.mask(example["input_ids"], example["index"], epoch, example.get("word_ids"))
+            word_ids = example.get("word_ids")
+            if word_ids is None and self.config.whole_word and example.get("word_starts") is not None:
+                word_ids = np.cumsum(example["word_starts"]).tolist()
+            masked, example_labels = self.mask(example["input_ids"], example["index"], epoch, word_ids)
             input_ids[row, :length] = masked
             labels[row, :length] = example_labels
             mask[row, :length] = 1

@@ -242,7 +242,7 @@ def embed_file(input_path: str | Path, out_path: str | Path, *, model: str | Pat
         next(records)
     with Progress(total, "embedding", "texts", enabled=show_progress) as progress, \
             open(ids_partial, "a", encoding="utf-8") as ids_handle:
-        progress.done = done
+        progress.skip(done)
         row = done
         while row < total:
             chunk = [record for _, record in zip(range(chunk_size), records)]

@@ -1,0 +1,124 @@
+"""The pre-training job: a corpus, an objective and a model shape (or a checkpoint to continue from)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import PRESETS, EncoderConfig, load_config
+from ..data.corpus import pack_sequences, sentence_pairs, tokenize_corpus
+from ..data.masking import IGNORE_INDEX, Masker, MaskingConfig
+from ..errors import ConfigError, InputError
+from ..modeling.models import build_model
+from ..tokenizer import Tokenizer
+from .trainer import Trainer, TrainingConfig
+
+log = logging.getLogger(__name__)
+
+OBJECTIVES = ("mlm", "mlm-nsp", "mlm-sop")
+
+
+@dataclass
+class PretrainSetup:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    masker: Masker
+    train_examples: list[dict]
+    valid_examples: list[dict] | None
+
+
+def _is_model_dir(source: str | Path | None) -> bool:
+    return source is not None and Path(source).is_dir() and (Path(source) / "config.json").is_file()
+
+
+def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | dict | None = "minilm-l6-h384",
+            tokenizer: str | Path | None = None, valid: str | Path | None = None, max_length: int = 128,
+            masking: MaskingConfig | None = None, document_mode: str = "blank-line", seed: int = 0,
+            cache_dir: str | Path | None = None, config_overrides: dict[str, Any] | None = None) -> PretrainSetup:
+    """Model, tokenizer, masker and examples for a run. ``config`` is a preset name, a config.json or
+    dict, or a model directory to continue pre-training from (its MLM head is added if missing)."""
+    from ..checkpoints import load_model
+    from ..hub import resolve_model
+
+    if objective not in OBJECTIVES:
+        raise InputError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    task = "masked-lm" if objective == "mlm" else "pretraining"
+    continuing = _is_model_dir(config)
+    tokenizer_source = tokenizer or (resolve_model(config).tokenizer_dir if continuing else resolve_model(None).tokenizer_dir)
+    tok = Tokenizer.from_pretrained(tokenizer_source)
+    if continuing:
+        model = load_model(config, task=task)
+        if model.config.vocab_size < tok.vocab_size:
+            raise ConfigError(f"the tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
+    else:
+        if config is None:
+            raise InputError(f"name a model shape: a preset ({', '.join(PRESETS)}), a config.json or a model directory")
+        model_config = load_config(config)
+        model_config = dataclasses.replace(
+            model_config, vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id,
+            max_position_embeddings=max(model_config.max_position_embeddings, max_length + 2), extra={},
+            **(config_overrides or {}))
+        torch.manual_seed(seed)
+        model = build_model(model_config, task)
+    if model.config.max_sequence_length < max_length:
+        raise ConfigError(f"max_length {max_length} exceeds what the model's positions allow "
+                          f"({model.config.max_sequence_length})")
+    cls_id, sep_id = tok.token_id("cls"), tok.token_id("sep")
+    specials = [tok.token_id(role) for role in ("cls", "sep", "pad", "mask", "unk", "bos", "eos")]
+    masker = Masker(masking or MaskingConfig(), vocab_size=model.config.vocab_size, mask_token_id=tok.mask_token_id,
+                    special_token_ids=specials, seed=seed)
+
+    def examples(path: str | Path) -> list[dict]:
+        corpus_tokens = tokenize_corpus(path, tok, mode=document_mode, cache_dir=cache_dir)
+        if objective == "mlm":
+            return pack_sequences(corpus_tokens, max_length, cls_id, sep_id)
+        return sentence_pairs(corpus_tokens, max_length, cls_id, sep_id, objective=objective[4:], seed=seed)
+
+    return PretrainSetup(model, tok, masker, examples(corpus), examples(valid) if valid else None)
+
+
+def mlm_evaluator(setup: PretrainSetup, batch_size: int = 64, max_examples: int = 2000):
+    """Validation MLM loss and masked-token top-1 accuracy on fixed (static) masks."""
+    examples = (setup.valid_examples or [])[:max_examples]
+    static = Masker(dataclasses.replace(setup.masker.config, dynamic=False), vocab_size=len(setup.masker.special),
+                    mask_token_id=setup.masker.mask_token_id,
+                    special_token_ids=np.flatnonzero(setup.masker.special).tolist(), seed=12345)
+    batches = [static.collate(examples[i:i + batch_size], pad_token_id=setup.tokenizer.pad_token_id)
+               for i in range(0, len(examples), batch_size)]
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        total_loss, correct, count = 0.0, 0, 0
+        for batch in batches:
+            out = model(**{k: v for k, v in batch.items() if k != "pair_labels"}, sparse=True)
+            targets = batch["labels"][batch["labels"] != IGNORE_INDEX]
+            logits = out.logits.float()
+            total_loss += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+            correct += int((logits.argmax(-1) == targets).sum())
+            count += int(targets.numel())
+        return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1)}
+
+    return evaluate if batches else None
+
+
+def pretrain(corpus: str | Path, output_dir: str | Path, *, objective: str = "mlm",
+             config: str | Path | dict | None = "minilm-l6-h384", tokenizer: str | Path | None = None,
+             valid: str | Path | None = None, max_length: int = 128, masking: MaskingConfig | None = None,
+             document_mode: str = "blank-line", resume: bool = True, **training: Any) -> dict[str, Any]:
+    """Pre-train (or continue pre-training) and save checkpoints and the final model in HF format."""
+    seed = training.get("seed", 0)
+    setup = prepare(corpus, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
+                    max_length=max_length, masking=masking, document_mode=document_mode, seed=seed,
+                    cache_dir=Path(output_dir) / "cache")
+    train_config = TrainingConfig(output_dir=str(output_dir), **training)
+    pad = setup.tokenizer.pad_token_id
+    trainer = Trainer(setup.model, train_config, setup.train_examples,
+                      lambda examples, epoch: setup.masker.collate(examples, epoch, pad_token_id=pad),
+                      evaluate=mlm_evaluator(setup), forward_kwargs={"sparse": True}, tokenizer=setup.tokenizer)
+    result = trainer.train(resume=resume)
+    result["examples"] = len(setup.train_examples)
+    return result

@@ -1,0 +1,387 @@
+"""One Trainer for pre-training and fine-tuning.
+
+AdamW without weight decay on biases and LayerNorm weights; linear warmup then linear or cosine
+decay; gradient clipping; gradient accumulation; optional bf16 autocast; periodic evaluation;
+checkpoints every N steps holding model (HF format), optimiser, scheduler, RNG states and data
+position, so a resumed run continues exactly; keep-last-K; a guard that stops on a NaN/inf loss
+with a clear message and a usable checkpoint; JSONL metrics; a loss-curve PNG; a progress line.
+
+Data order is a function of (seed, epoch) only, and each step's loss is normalised by the number
+of targets in the whole step (all micro-batches, all processes), so accumulation and DDP give the
+same updates as one big batch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import EncoderkitError, InputError
+from ..progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(EncoderkitError):
+    """Training cannot go on (a NaN/inf loss, a checkpoint that does not match the run)."""
+
+
+@dataclass
+class TrainingConfig:
+    output_dir: str
+    max_steps: int
+    batch_size: int = 32  # per process and micro-batch
+    grad_accumulation: int = 1
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.01
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-6
+    warmup_ratio: float = 0.06
+    warmup_steps: int | None = None  # overrides warmup_ratio
+    schedule: str = "linear"  # linear | cosine | constant
+    max_grad_norm: float | None = 1.0
+    bf16: bool = False  # autocast the forward pass to bf16 (CPU or CUDA)
+    eval_every: int = 0  # steps; 0 = only at the end
+    save_every: int = 0  # steps; 0 = only at the end
+    keep_last: int = 3
+    log_every: int = 10
+    seed: int = 0
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "grad_accumulation"):
+            if getattr(self, name) <= 0:
+                raise InputError(f"{name} must be positive, found {getattr(self, name)}")
+        if self.schedule not in ("linear", "cosine", "constant"):
+            raise InputError(f"schedule must be linear, cosine or constant, found {self.schedule!r}")
+        if self.learning_rate <= 0:
+            raise InputError(f"learning_rate must be positive, found {self.learning_rate}")
+        self.adam_betas = tuple(self.adam_betas)  # type: ignore[assignment]
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * self.max_steps)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only: never on biases, LayerNorm weights or embeddings' norms."""
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            if isinstance(module, nn.LayerNorm) or name == "bias" or param.dim() < 2:
+                no_decay.append(param)
+            else:
+                decay.append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_lambda(config: TrainingConfig) -> Callable[[int], float]:
+    warmup, total = config.warmup, config.max_steps
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if config.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if config.schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return max(0.0, 1.0 - progress)
+
+    return factor
+
+
+def count_targets(batch: dict[str, torch.Tensor]) -> int:
+    """Labelled items in a batch: tokens with a label for token tasks, examples otherwise."""
+    for key in ("labels", "start_positions"):
+        labels = batch.get(key)
+        if labels is not None:
+            return int((labels != -100).sum()) if labels.dim() >= 2 and labels.dtype == torch.long else labels.shape[0]
+    return int(batch["input_ids"].shape[0])
+
+
+class Trainer:
+    def __init__(self, model: nn.Module, config: TrainingConfig, train_data: Sequence[Any],
+                 collate: Callable[[list[Any], int], dict[str, torch.Tensor]], *,
+                 evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+                 forward_kwargs: dict[str, Any] | None = None, tokenizer: Any = None) -> None:
+        if len(train_data) == 0:
+            raise InputError("the training data is empty")
+        self.model = model
+        self.config = config
+        self.train_data = train_data
+        self.collate = collate
+        self.evaluate_fn = evaluate
+        self.forward_kwargs = forward_kwargs or {}
+        self.tokenizer = tokenizer
+        self.output_dir = Path(config.output_dir)
+        self.world_size, self.rank = _distributed_info()
+        self.optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.learning_rate,
+                                           betas=config.adam_betas, eps=config.adam_eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
+        self.step = 0
+        self.epoch = 0
+        self.position = 0  # micro-batches consumed in this epoch (global, across processes)
+        self.history: list[dict[str, Any]] = []
+        self.ddp_model = model
+        if self.world_size > 1:
+            self.ddp_model = nn.parallel.DistributedDataParallel(model)
+
+    # ----- data order -------------------------------------------------------------------------
+    @property
+    def micro_batches_per_epoch(self) -> int:
+        global_batch = self.config.batch_size * self.world_size
+        return max(1, len(self.train_data) // global_batch)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if getattr(self, "_order_epoch", None) != epoch:
+            self._order_cache = np.random.default_rng([self.config.seed, epoch]).permutation(len(self.train_data))
+            self._order_epoch = epoch
+        return self._order_cache
+
+    def _next_micro_batch(self) -> dict[str, torch.Tensor]:
+        if self.position >= self.micro_batches_per_epoch:
+            self.epoch += 1
+            self.position = 0
+        order = self._order(self.epoch)
+        global_batch = self.config.batch_size * self.world_size
+        start = self.position * global_batch + self.rank * self.config.batch_size
+        indices = order[start:start + self.config.batch_size]
+        self.position += 1
+        return self.collate([self.train_data[int(i)] for i in indices], self.epoch)
+
+    # ----- training ---------------------------------------------------------------------------
+    def train(self, resume: bool = True) -> dict[str, Any]:
+        config = self.config
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self._resume()
+        if self.step == 0:  # a resumed run restores the RNG states of its checkpoint instead
+            _seed_everything(config.seed + self.rank)
+        metrics_path = self.output_dir / "metrics.jsonl"
+        if self.is_main and self.step == 0:
+            metrics_path.write_text("", encoding="utf-8")
+        self.model.train()
+        started = time.perf_counter()
+        tokens_done = 0
+        with Progress(config.max_steps, "training", "steps", enabled=config.show_progress and self.is_main) as bar:
+            bar.skip(self.step)
+            while self.step < config.max_steps:
+                batches = [self._next_micro_batch() for _ in range(config.grad_accumulation)]
+                total_targets = self._all_reduce_sum(sum(count_targets(b) for b in batches))
+                loss_sum = 0.0
+                for index, batch in enumerate(batches):
+                    weight = count_targets(batch) * self.world_size / max(total_targets, 1)
+                    with self._autocast():
+                        output = self.ddp_model(**batch, **self.forward_kwargs)
+                    loss = output.loss.float()
+                    if not torch.isfinite(loss):
+                        self._stop_on_bad_loss(loss)
+                    sync = index == len(batches) - 1 or self.world_size == 1
+                    with _maybe_no_sync(self.ddp_model, sync):
+                        (loss * weight).backward()
+                    loss_sum += float(loss.detach()) * weight / self.world_size
+                    tokens_done += int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
+                step_loss = self._all_reduce_sum(loss_sum)
+                grad_norm = None
+                if config.max_grad_norm:
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm))
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                record = {"step": self.step, "loss": step_loss, "lr": self.scheduler.get_last_lr()[0],
+                          "epoch": self.epoch, "elapsed_s": time.perf_counter() - started}
+                if grad_norm is not None:
+                    record["grad_norm"] = grad_norm
+                elapsed = time.perf_counter() - started
+                record["tokens_per_s"] = tokens_done * self.world_size / elapsed if elapsed > 0 else 0.0
+                if config.eval_every and self.step % config.eval_every == 0 and self.step < config.max_steps:
+                    record.update(self._evaluate())
+                self.history.append(record)
+                if self.is_main:
+                    with open(metrics_path, "a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(record) + "\n")
+                bar.advance(1, status=f"loss {step_loss:.4f}, {record['tokens_per_s']:,.0f} tok/s")
+                if config.save_every and self.step % config.save_every == 0 and self.step < config.max_steps:
+                    self.save_checkpoint()
+        final = self._evaluate()
+        if final and self.is_main:
+            with open(metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"step": self.step, **final}) + "\n")
+        self.save_checkpoint()
+        if self.is_main:
+            self.model.save_pretrained(self.output_dir / "final", tokenizer=self.tokenizer)
+            plot_losses(metrics_path, self.output_dir / "loss.png")
+        return {"step": self.step, "history": self.history, "final": final}
+
+    def _evaluate(self) -> dict[str, float]:
+        if self.evaluate_fn is None:
+            return {}
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                return {f"eval_{k}": float(v) for k, v in self.evaluate_fn(self.model).items()}
+        finally:
+            self.model.train()
+
+    def _autocast(self):
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.config.bf16)
+
+    def _stop_on_bad_loss(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        path = self.save_checkpoint(suffix="-before-nan")  # weights from before the bad step: still usable
+        raise TrainingError(
+            f"the loss became {float(loss)} at step {self.step + 1}; training stopped. The weights before "
+            f"that step are saved in {path}. Lower the learning rate, keep gradient clipping on, or train in fp32."
+        )
+
+    # ----- checkpoints ------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def save_checkpoint(self, suffix: str = "") -> Path:
+        path = self.output_dir / f"checkpoint-{self.step:07d}{suffix}"
+        if self.is_main:
+            tmp = path.with_name(path.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.model.save_pretrained(tmp, tokenizer=self.tokenizer)
+            torch.save({
+                "step": self.step, "epoch": self.epoch, "position": self.position,
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": _rng_state(), "world_size": self.world_size, "config": _plain(asdict(self.config)),
+            }, tmp / "trainer_state.pt")
+            shutil.rmtree(path, ignore_errors=True)
+            tmp.replace(path)
+            self._prune()
+        self._barrier()
+        return path
+
+    def _prune(self) -> None:
+        checkpoints = sorted(p for p in self.output_dir.glob("checkpoint-*") if p.name[11:].isdigit())
+        for old in checkpoints[:-self.config.keep_last] if self.config.keep_last > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        checkpoints = sorted(p for p in self.output_dir.glob("checkpoint-*")
+                             if p.name[11:].isdigit() and (p / "trainer_state.pt").is_file())
+        return checkpoints[-1] if checkpoints else None
+
+    def _resume(self) -> None:
+        checkpoint = self.latest_checkpoint()
+        if checkpoint is None:
+            return
+        from ..checkpoints import read_state_dict, load_state
+
+        state = torch.load(checkpoint / "trainer_state.pt", map_location="cpu", weights_only=True)
+        if state.get("world_size", 1) != self.world_size:
+            raise TrainingError(f"{checkpoint} was written by {state['world_size']} processes, this run has "
+                                f"{self.world_size}; resume with the same number")
+        load_state(self.model, read_state_dict(checkpoint), source=str(checkpoint))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        _set_rng_state(state["rng"])
+        metrics_path = self.output_dir / "metrics.jsonl"
+        if self.is_main and metrics_path.is_file():  # drop records written after that checkpoint
+            kept = [line for line in metrics_path.read_text(encoding="utf-8").splitlines()
+                    if line and json.loads(line)["step"] <= self.step]
+            metrics_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        log.warning("resumed from %s (step %d)", checkpoint, self.step)
+
+    # ----- distributed helpers ----------------------------------------------------------------
+    def _all_reduce_sum(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        tensor = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.all_reduce(tensor)
+        return float(tensor.item())
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+
+def _distributed_info() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+class _maybe_no_sync:
+    def __init__(self, model: nn.Module, sync: bool) -> None:
+        self.context = model.no_sync() if not sync and hasattr(model, "no_sync") else None
+
+    def __enter__(self):
+        return self.context.__enter__() if self.context is not None else None
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc) if self.context is not None else False
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    numpy_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": (numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:])}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def plot_losses(metrics_path: Path, out_path: Path) -> Path | None:
+    """The training (and evaluation) loss curve as PNG."""
+    records = [json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line]
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    evaluation = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+    if not train:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
+    axis.plot(*zip(*train), label="training loss", linewidth=1)
+    if evaluation:
+        axis.plot(*zip(*evaluation), "o-", label="evaluation loss")
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out_path)
+    plt.close(figure)
+    return out_path
