@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def tokenize_corpus(path: str | Path, tokenizer: Tokenizer, *, mode: str = "blan
     corpus = TokenizedCorpus(np.concatenate(ids_parts), np.concatenate(starts_parts), line_starts, document_starts)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(cache.name + ".tmp.npz")
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.tmp.npz")  # processes of one run may race here
         np.savez(tmp, ids=corpus.ids, word_starts=corpus.word_starts, line_starts=corpus.line_starts,
                  document_starts=corpus.document_starts)
         tmp.replace(cache)

@@ -16,7 +16,7 @@ from ..data.masking import IGNORE_INDEX, Masker, MaskingConfig
 from ..errors import ConfigError, InputError
 from ..modeling.models import build_model
 from ..tokenizer import Tokenizer
-from .trainer import Trainer, TrainingConfig
+from .trainer import Trainer, TrainingConfig, init_distributed
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +110,23 @@ def pretrain(corpus: str | Path, output_dir: str | Path, *, objective: str = "ml
              valid: str | Path | None = None, max_length: int = 128, masking: MaskingConfig | None = None,
              document_mode: str = "blank-line", resume: bool = True, **training: Any) -> dict[str, Any]:
     """Pre-train (or continue pre-training) and save checkpoints and the final model in HF format."""
-    seed = training.get("seed", 0)
+    seed = training.pop("seed", 0)
+    joined = init_distributed()
+    try:
+        return _pretrain(corpus, output_dir, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
+                         max_length=max_length, masking=masking, document_mode=document_mode, resume=resume,
+                         seed=seed, **training)
+    finally:
+        if joined:
+            torch.distributed.destroy_process_group()
+
+
+def _pretrain(corpus, output_dir, *, objective, config, tokenizer, valid, max_length, masking, document_mode, resume,
+              seed, **training) -> dict[str, Any]:
     setup = prepare(corpus, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
                     max_length=max_length, masking=masking, document_mode=document_mode, seed=seed,
                     cache_dir=Path(output_dir) / "cache")
-    train_config = TrainingConfig(output_dir=str(output_dir), **training)
+    train_config = TrainingConfig(output_dir=str(output_dir), seed=seed, **training)
     pad = setup.tokenizer.pad_token_id
     trainer = Trainer(setup.model, train_config, setup.train_examples,
                       lambda examples, epoch: setup.masker.collate(examples, epoch, pad_token_id=pad),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import time
@@ -57,6 +58,7 @@ class TrainingConfig:
     log_every: int = 10
     seed: int = 0
     show_progress: bool = True
+    device: str = "cpu"  # "cuda" puts the model and batches on the (local) GPU
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accumulation"):
@@ -129,6 +131,10 @@ class Trainer:
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
         self.world_size, self.rank = _distributed_info()
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and self.world_size > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        model.to(self.device)
         self.optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.learning_rate,
                                            betas=config.adam_betas, eps=config.adam_eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
@@ -138,7 +144,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.ddp_model = model
         if self.world_size > 1:
-            self.ddp_model = nn.parallel.DistributedDataParallel(model)
+            self.ddp_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     # ----- data order -------------------------------------------------------------------------
     @property
@@ -161,7 +168,8 @@ class Trainer:
         start = self.position * global_batch + self.rank * self.config.batch_size
         indices = order[start:start + self.config.batch_size]
         self.position += 1
-        return self.collate([self.train_data[int(i)] for i in indices], self.epoch)
+        batch = self.collate([self.train_data[int(i)] for i in indices], self.epoch)
+        return {key: value.to(self.device) for key, value in batch.items()}
 
     # ----- training ---------------------------------------------------------------------------
     def train(self, resume: bool = True) -> dict[str, Any]:
@@ -246,7 +254,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         path = self.save_checkpoint(suffix="-before-nan")  # weights from before the bad step: still usable
         raise TrainingError(
-            f"the loss became {float(loss)} at step {self.step + 1}; training stopped. The weights before "
+            f"the loss became {float(loss.detach())} at step {self.step + 1}; training stopped. The weights before "
             f"that step are saved in {path}. Lower the learning rate, keep gradient clipping on, or train in fp32."
         )
 
@@ -308,13 +316,26 @@ class Trainer:
     def _all_reduce_sum(self, value: float) -> float:
         if self.world_size == 1:
             return value
-        tensor = torch.tensor([float(value)], dtype=torch.float64)
+        tensor = torch.tensor([float(value)], dtype=torch.float64,
+                              device=self.device if self.device.type == "cuda" else "cpu")
         torch.distributed.all_reduce(tensor)
         return float(tensor.item())
 
     def _barrier(self) -> None:
         if self.world_size > 1:
             torch.distributed.barrier()
+
+
+def init_distributed() -> bool:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on GPU."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not torch.distributed.is_available():
+        return False
+    if not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return True
 
 
 def _distributed_info() -> tuple[int, int]:
