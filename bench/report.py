@@ -59,7 +59,23 @@ def render_search(r: dict[str, Any]) -> list[str]:
     return lines + _table(["data", "index", "build s", "ms / query", "recall@10", "bytes / vector"], rows) + [""]
 
 
-RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {"encode": render_encode, "search": render_search}
+def render_pretrain(r: dict[str, Any]) -> list[str]:
+    lines = ["## Pre-training per wall-clock (`bench/pretrain.py`)", "", _machine(r), "",
+             f"A 4-layer, hidden-256 BERT with the MiniLM vocabulary, sequences of {r['sequence_length']} tokens "
+             f"({r['training_sequences']:,} packed from `mlm_corpus/train.txt`), batch {r['batch_size']}, same initial "
+             f"weights and optimiser settings. Each contender trained for {r['budget_minutes']:g} minutes of its own "
+             "time, in interleaved turns of 10 steps. Validation: the same "
+             f"{r['validation_sequences']} sequences of `mlm_corpus/valid.txt` with fixed masks.", ""]
+    rows = [[row["contender"], f"{row['steps']:,}", f"{row['tokens_per_second']:,.0f}",
+             f"**{row['speedup_vs_transformers']:.2f}x**", f"{row['valid_mlm_loss']:.3f}",
+             f"{100 * row['valid_accuracy']:.1f}%"] for row in r["rows"]]
+    lines += _table(["contender", "steps", "tokens/s", "vs transformers", "valid MLM loss",
+                     "masked-token accuracy"], rows)
+    return lines + ["", f"![training loss per wall-clock]({r['plot']})", ""]
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "encode": render_encode, "search": render_search, "pretrain": render_pretrain}
 
 
 def main() -> None:

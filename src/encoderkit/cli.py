@@ -172,7 +172,10 @@ def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool)
 @cli.command()
 @click.option("--corpus", required=True, help="training text (documents separated by blank lines)")
 @click.option("--out", "out_dir", required=True, help="output directory (checkpoints, metrics, loss.png, final/)")
-@click.option("--objective", type=click.Choice(["mlm", "mlm-nsp", "mlm-sop"]), default="mlm", show_default=True)
+@click.option("--objective", type=click.Choice(["mlm", "mlm-nsp", "mlm-sop", "electra", "distill"]), default="mlm",
+              show_default=True, help="electra: generator + discriminator (loss MLM + 50 RTD); distill: --teacher needed")
+@click.option("--teacher", default=None, help="distill: the teacher model directory (with an MLM head)")
+@click.option("--generator-config", default=None, help="electra: generator shape (default: 1/4 of the discriminator)")
 @click.option("--config", "model_config", default="minilm-l6-h384", show_default=True,
               help="a preset (see `encoderkit models`), a config.json, or a model directory to continue from")
 @click.option("--tokenizer", default=None, help="tokenizer directory (default: the model's, or the default model's)")
@@ -193,17 +196,17 @@ def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool)
 @click.option("--eval-every", type=int, default=500, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--restart", is_flag=True, help="ignore existing checkpoints in --out")
-def pretrain(corpus, out_dir, objective, model_config, tokenizer, valid, max_length, batch_size, grad_accumulation,
+def pretrain(corpus, out_dir, objective, teacher, generator_config, model_config, tokenizer, valid, max_length, batch_size, grad_accumulation,
              steps, lr, warmup_ratio, schedule, mask_rate, whole_word, static_masking, documents, bf16, save_every,
              eval_every, seed, restart) -> None:
-    """Pre-train from scratch or continue pre-training (MLM, MLM+NSP, MLM+SOP); resumes automatically."""
+    """Pre-train or continue pre-training (MLM, MLM+NSP, MLM+SOP, ELECTRA, distillation); resumes automatically."""
     from .data.masking import MaskingConfig
     from .training.pretrain import pretrain as run_pretrain
 
     result = run_pretrain(
         corpus, out_dir, objective=objective, config=model_config, tokenizer=tokenizer, valid=valid,
         max_length=max_length, masking=MaskingConfig(rate=mask_rate, whole_word=whole_word, dynamic=not static_masking),
-        document_mode=documents, resume=not restart, max_steps=steps, batch_size=batch_size,
+        document_mode=documents, resume=not restart, teacher=teacher, generator_config=generator_config, max_steps=steps, batch_size=batch_size,
         grad_accumulation=grad_accumulation, learning_rate=lr, warmup_ratio=warmup_ratio, schedule=schedule,
         bf16=bf16, save_every=save_every, eval_every=eval_every, seed=seed)
     final = ", ".join(f"{k} {v:.4f}" for k, v in result["final"].items())

@@ -280,15 +280,17 @@ class Tokenizer:
     def encode_ids(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *, max_length: int | None = None,
                    truncation: str | bool = "longest_first") -> tuple[list[list[int]], list[list[int]]]:
         """Token ids and type ids of many texts, unpadded: the input of the packed fast path."""
-        encodings = self._encode_unpadded(texts, pairs, max_length, truncation)
+        encodings = self.encode_raw(texts, pairs, max_length=max_length, truncation=truncation)
         return [e.ids for e in encodings], [e.type_ids for e in encodings]
 
-    def _encode_unpadded(self, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int | None,
-                         truncation: str | bool, stride: int = 0) -> list[Any]:
-        """The library's own encodings (with ``overflowing`` windows when ``stride`` > 0), unpadded."""
+    def encode_raw(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *, max_length: int | None = None,
+                   truncation: str | bool = "longest_first", stride: int = 0,
+                   add_special_tokens: bool = True) -> list[Any]:
+        """The `tokenizers` library's own Encoding objects, unpadded (with ``overflowing`` windows of
+        ``stride`` overlapping tokens when truncating): for callers that need speed over convenience."""
         inputs = _batch_inputs(texts, pairs)
         self._configure(max_length, truncation, stride, False, None)
-        return self._run_batch(inputs, True)
+        return self._run_batch(inputs, add_special_tokens)
 
     def _run_batch(self, inputs: list[Any], add_special_tokens: bool) -> list[Any]:
         try:

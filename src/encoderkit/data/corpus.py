@@ -80,9 +80,8 @@ def tokenize_corpus(path: str | Path, tokenizer: Tokenizer, *, mode: str = "blan
     documents = read_documents(path, mode)
     lines = [line for document in documents for line in document]
     ids_parts, starts_parts, lengths = [], [], []
-    tokenizer._configure(None, False, 0, False, None)
     for start in range(0, len(lines), batch_lines):
-        for enc in tokenizer.backend.encode_batch(lines[start:start + batch_lines], add_special_tokens=False):
+        for enc in tokenizer.encode_raw(lines[start:start + batch_lines], truncation=False, add_special_tokens=False):
             words = enc.word_ids
             ids_parts.append(np.asarray(enc.ids, dtype=np.int32))
             starts_parts.append(np.array([i == 0 or words[i] != words[i - 1] for i in range(len(words))], dtype=bool))

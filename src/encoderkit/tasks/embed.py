@@ -104,7 +104,7 @@ class Embedder:
         stride = self.window_stride if self.long_text == "window" else 0
         if self.long_text == "window" and not 0 <= stride < self.max_length - 2:
             raise InputError(f"window_stride must be between 0 and max_length - 3, found {stride}")
-        encodings = self.tokenizer._encode_unpadded(texts, None, self.max_length, "longest_first", stride)
+        encodings = self.tokenizer.encode_raw(texts, max_length=self.max_length, stride=stride)
         ids, types, owner = [], [], []
         truncated = 0
         for index, enc in enumerate(encodings):

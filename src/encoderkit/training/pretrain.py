@@ -20,7 +20,7 @@ from .trainer import Trainer, TrainingConfig, init_distributed
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("mlm", "mlm-nsp", "mlm-sop")
+OBJECTIVES = ("mlm", "mlm-nsp", "mlm-sop", "electra", "distill")
 
 
 @dataclass
@@ -39,7 +39,8 @@ def _is_model_dir(source: str | Path | None) -> bool:
 def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | dict | None = "minilm-l6-h384",
             tokenizer: str | Path | None = None, valid: str | Path | None = None, max_length: int = 128,
             masking: MaskingConfig | None = None, document_mode: str = "blank-line", seed: int = 0,
-            cache_dir: str | Path | None = None, config_overrides: dict[str, Any] | None = None) -> PretrainSetup:
+            cache_dir: str | Path | None = None, config_overrides: dict[str, Any] | None = None,
+            teacher: str | Path | None = None, generator_config: str | Path | None = None) -> PretrainSetup:
     """Model, tokenizer, masker and examples for a run. ``config`` is a preset name, a config.json or
     dict, or a model directory to continue pre-training from (its MLM head is added if missing)."""
     from ..checkpoints import load_model
@@ -47,11 +48,30 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
 
     if objective not in OBJECTIVES:
         raise InputError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    task = "masked-lm" if objective == "mlm" else "pretraining"
+    task = "pretraining" if objective in ("mlm-nsp", "mlm-sop") else "masked-lm"
+    if objective == "distill":
+        if not _is_model_dir(teacher):
+            raise InputError("distillation needs --teacher: a model directory with a trained MLM head")
+        config = teacher
     continuing = _is_model_dir(config)
     tokenizer_source = tokenizer or (resolve_model(config).tokenizer_dir if continuing else resolve_model(None).tokenizer_dir)
     tok = Tokenizer.from_pretrained(tokenizer_source)
-    if continuing:
+    if objective == "distill":
+        from .objectives import DistillationObjective
+
+        model = DistillationObjective(load_model(teacher, task="masked-lm"))
+    elif objective == "electra":
+        from .objectives import ElectraObjective
+
+        base = load_model(config, task="base").config if continuing else load_config(config)
+        base = dataclasses.replace(base, vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id,
+                                   max_position_embeddings=max(base.max_position_embeddings, max_length + 2),
+                                   extra={}, **(config_overrides or {}))
+        torch.manual_seed(seed)
+        model = ElectraObjective(base, load_config(generator_config) if generator_config else None)
+        if continuing and (Path(config) / "generator").is_dir():  # an earlier ELECTRA run: both networks
+            model.load_checkpoint(config)
+    elif continuing:
         model = load_model(config, task=task)
         if model.config.vocab_size < tok.vocab_size:
             raise ConfigError(f"the tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
@@ -75,7 +95,7 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
 
     def examples(path: str | Path) -> list[dict]:
         corpus_tokens = tokenize_corpus(path, tok, mode=document_mode, cache_dir=cache_dir)
-        if objective == "mlm":
+        if objective in ("mlm", "electra", "distill"):
             return pack_sequences(corpus_tokens, max_length, cls_id, sep_id)
         return sentence_pairs(corpus_tokens, max_length, cls_id, sep_id, objective=objective[4:], seed=seed)
 
@@ -92,6 +112,7 @@ def mlm_evaluator(setup: PretrainSetup, batch_size: int = 64, max_examples: int 
                for i in range(0, len(examples), batch_size)]
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        model = getattr(model, "student", None) or getattr(model, "generator", None) or model  # the MLM network
         total_loss, correct, count = 0.0, 0, 0
         for batch in batches:
             out = model(**{k: v for k, v in batch.items() if k != "pair_labels"}, sparse=True)
@@ -108,24 +129,25 @@ def mlm_evaluator(setup: PretrainSetup, batch_size: int = 64, max_examples: int 
 def pretrain(corpus: str | Path, output_dir: str | Path, *, objective: str = "mlm",
              config: str | Path | dict | None = "minilm-l6-h384", tokenizer: str | Path | None = None,
              valid: str | Path | None = None, max_length: int = 128, masking: MaskingConfig | None = None,
-             document_mode: str = "blank-line", resume: bool = True, **training: Any) -> dict[str, Any]:
+             document_mode: str = "blank-line", resume: bool = True, teacher: str | Path | None = None,
+             generator_config: str | Path | None = None, **training: Any) -> dict[str, Any]:
     """Pre-train (or continue pre-training) and save checkpoints and the final model in HF format."""
     seed = training.pop("seed", 0)
     joined = init_distributed()
     try:
         return _pretrain(corpus, output_dir, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
                          max_length=max_length, masking=masking, document_mode=document_mode, resume=resume,
-                         seed=seed, **training)
+                         seed=seed, teacher=teacher, generator_config=generator_config, **training)
     finally:
         if joined:
             torch.distributed.destroy_process_group()
 
 
 def _pretrain(corpus, output_dir, *, objective, config, tokenizer, valid, max_length, masking, document_mode, resume,
-              seed, **training) -> dict[str, Any]:
+              seed, teacher, generator_config, **training) -> dict[str, Any]:
     setup = prepare(corpus, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
                     max_length=max_length, masking=masking, document_mode=document_mode, seed=seed,
-                    cache_dir=Path(output_dir) / "cache")
+                    cache_dir=Path(output_dir) / "cache", teacher=teacher, generator_config=generator_config)
     train_config = TrainingConfig(output_dir=str(output_dir), seed=seed, **training)
     pad = setup.tokenizer.pad_token_id
     trainer = Trainer(setup.model, train_config, setup.train_examples,

@@ -188,35 +188,12 @@ class Trainer:
         with Progress(config.max_steps, "training", "steps", enabled=config.show_progress and self.is_main) as bar:
             bar.skip(self.step)
             while self.step < config.max_steps:
-                batches = [self._next_micro_batch() for _ in range(config.grad_accumulation)]
-                total_targets = self._all_reduce_sum(sum(count_targets(b) for b in batches))
-                loss_sum = 0.0
-                for index, batch in enumerate(batches):
-                    weight = count_targets(batch) * self.world_size / max(total_targets, 1)
-                    with self._autocast():
-                        output = self.ddp_model(**batch, **self.forward_kwargs)
-                    loss = output.loss.float()
-                    if not torch.isfinite(loss):
-                        self._stop_on_bad_loss(loss)
-                    sync = index == len(batches) - 1 or self.world_size == 1
-                    with _maybe_no_sync(self.ddp_model, sync):
-                        (loss * weight).backward()
-                    loss_sum += float(loss.detach()) * weight / self.world_size
-                    tokens_done += int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
-                step_loss = self._all_reduce_sum(loss_sum)
-                grad_norm = None
-                if config.max_grad_norm:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm))
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                record = {"step": self.step, "loss": step_loss, "lr": self.scheduler.get_last_lr()[0],
-                          "epoch": self.epoch, "elapsed_s": time.perf_counter() - started}
-                if grad_norm is not None:
-                    record["grad_norm"] = grad_norm
+                record = self.train_step()
+                tokens_done += record.pop("tokens")
                 elapsed = time.perf_counter() - started
+                record["elapsed_s"] = elapsed
                 record["tokens_per_s"] = tokens_done * self.world_size / elapsed if elapsed > 0 else 0.0
+                step_loss = record["loss"]
                 if config.eval_every and self.step % config.eval_every == 0 and self.step < config.max_steps:
                     record.update(self._evaluate())
                 self.history.append(record)
@@ -235,6 +212,34 @@ class Trainer:
             self.model.save_pretrained(self.output_dir / "final", tokenizer=self.tokenizer)
             plot_losses(metrics_path, self.output_dir / "loss.png")
         return {"step": self.step, "history": self.history, "final": final}
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step (``grad_accumulation`` micro-batches); returns its record (loss, lr, tokens)."""
+        config = self.config
+        batches = [self._next_micro_batch() for _ in range(config.grad_accumulation)]
+        total_targets = self._all_reduce_sum(sum(count_targets(b) for b in batches))
+        loss_sum, tokens = 0.0, 0
+        for index, batch in enumerate(batches):
+            weight = count_targets(batch) * self.world_size / max(total_targets, 1)
+            with self._autocast():
+                output = self.ddp_model(**batch, **self.forward_kwargs)
+            loss = output.loss.float()
+            if not torch.isfinite(loss):
+                self._stop_on_bad_loss(loss)
+            sync = index == len(batches) - 1 or self.world_size == 1
+            with _maybe_no_sync(self.ddp_model, sync):
+                (loss * weight).backward()
+            loss_sum += float(loss.detach()) * weight / self.world_size
+            tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
+        record: dict[str, Any] = {"step": self.step + 1, "loss": self._all_reduce_sum(loss_sum)}
+        if config.max_grad_norm:
+            record["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        record.update({"lr": self.scheduler.get_last_lr()[0], "epoch": self.epoch, "tokens": tokens})
+        return record
 
     def _evaluate(self) -> dict[str, float]:
         if self.evaluate_fn is None:
@@ -300,7 +305,10 @@ class Trainer:
         if state.get("world_size", 1) != self.world_size:
             raise TrainingError(f"{checkpoint} was written by {state['world_size']} processes, this run has "
                                 f"{self.world_size}; resume with the same number")
-        load_state(self.model, read_state_dict(checkpoint), source=str(checkpoint))
+        if hasattr(self.model, "load_checkpoint"):  # several networks (ELECTRA, distillation)
+            self.model.load_checkpoint(checkpoint)
+        else:
+            load_state(self.model, read_state_dict(checkpoint), source=str(checkpoint))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]

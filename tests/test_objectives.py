@@ -1,0 +1,119 @@
+"""ELECTRA replaced-token detection and DistilBERT-style distillation."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from encoderkit import EncoderConfig, EncoderForMaskedLM
+from encoderkit.cli import main
+from encoderkit.data.masking import IGNORE_INDEX, Masker, MaskingConfig
+from encoderkit.training.objectives import DistillationObjective, ElectraObjective, student_from_teacher
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(vocab_size=200, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+             max_position_embeddings=64)
+
+
+def masked_batch():
+    masker = Masker(MaskingConfig(rate=0.3), vocab_size=200, mask_token_id=4, special_token_ids=[0, 1, 2, 3, 4])
+    generator = torch.Generator().manual_seed(0)
+    examples = [{"index": i, "input_ids": torch.cat([torch.tensor([2]), torch.randint(5, 200, (n,), generator=generator),
+                                                     torch.tensor([3])]).numpy()} for i, n in enumerate([20, 14, 9])]
+    return masker.collate(examples)
+
+
+def test_electra_objective_replaces_masked_tokens_and_shares_embeddings(tmp_path) -> None:
+    torch.manual_seed(0)
+    objective = ElectraObjective(EncoderConfig(model_type="electra", embedding_size=16, **SMALL))
+    generator, discriminator = objective.generator, objective.discriminator
+    assert generator.config.hidden_size == 8 and generator.config.embedding_dim == 16
+    assert generator.encoder.embeddings.word.weight is discriminator.encoder.embeddings.word.weight
+    batch = masked_batch()
+    seen = {}
+    original_forward = discriminator.forward
+
+    def spy(input_ids, attention_mask=None, token_type_ids=None, labels=None, **kw):
+        seen.update(input_ids=input_ids, labels=labels)
+        return original_forward(input_ids, attention_mask, token_type_ids, labels=labels, **kw)
+
+    discriminator.forward = spy
+    out = objective(**batch)
+    selected = batch["labels"] != IGNORE_INDEX
+    originals = torch.where(selected, batch["labels"], batch["input_ids"])
+    assert torch.equal(seen["input_ids"][~selected], batch["input_ids"][~selected])  # only masked slots change
+    assert torch.equal(seen["labels"], (seen["input_ids"] != originals).long())
+    assert out.loss.item() == pytest.approx(out.parts["mlm"] + 50 * out.parts["rtd"], rel=1e-5)
+    out.loss.backward()
+    assert generator.encoder.layers[0].ffn_in.weight.grad is not None
+    # Both halves are transformers-format: the discriminator and the generator load back and agree.
+    objective.save_pretrained(tmp_path)
+    with torch.no_grad():
+        hf_disc = transformers.ElectraForPreTraining.from_pretrained(tmp_path).eval()
+        hf_gen = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "generator").eval()
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        discriminator.forward = original_forward
+        discriminator.eval(), generator.eval()
+        real = batch["attention_mask"].bool()
+        assert (hf_disc(**inputs).logits - discriminator(**inputs).logits)[real].abs().max() <= 1e-5
+        assert (hf_gen(**inputs).logits - generator(**inputs).logits)[real].abs().max() <= 1e-5
+
+
+def test_student_takes_every_other_teacher_layer() -> None:
+    teacher = EncoderForMaskedLM(EncoderConfig(**SMALL))
+    student = student_from_teacher(teacher)
+    assert student.config.num_hidden_layers == 2
+    for new, old in ((0, 0), (1, 2)):
+        assert torch.equal(student.encoder.layers[new].ffn_in.weight, teacher.encoder.layers[old].ffn_in.weight)
+    assert torch.equal(student.encoder.embeddings.word.weight, teacher.encoder.embeddings.word.weight)
+    assert torch.equal(student.mlm_head.transform.weight, teacher.mlm_head.transform.weight)
+
+
+def test_distillation_loss_by_hand() -> None:
+    torch.manual_seed(0)
+    teacher = EncoderForMaskedLM(EncoderConfig(**SMALL)).eval()
+    objective = DistillationObjective(teacher, temperature=2.0, alpha_kl=5.0, alpha_mlm=2.0, alpha_cos=1.0).eval()
+    batch = masked_batch()
+    out = objective(**batch)
+    with torch.no_grad():
+        t = teacher(**{k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")})
+        s = objective.student(**{k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")})
+    selected, real = batch["labels"] != IGNORE_INDEX, batch["attention_mask"].bool()
+    p_t = F.softmax(t.logits[selected] / 2, -1)
+    log_p_s = F.log_softmax(s.logits[selected] / 2, -1)
+    kl = (p_t * (p_t.log() - log_p_s)).sum(-1).mean() * 4
+    mlm = F.cross_entropy(s.logits[selected], batch["labels"][selected])
+    cosine = 1 - F.cosine_similarity(s.last_hidden_state[real], t.last_hidden_state[real], dim=-1).mean()
+    assert out.loss.item() == pytest.approx((5 * kl + 2 * mlm + cosine).item(), rel=1e-5)
+    same = DistillationObjective(teacher, student_from_teacher(teacher, every=1)).eval()
+    parts = same(**batch).parts
+    assert parts["kl"] == pytest.approx(0.0, abs=1e-5) and parts["cosine"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("c") / "corpus.txt"
+    path.write_text("\n\n".join(f"document {d} is about encoders and masked words.\nsecond line {d}."
+                                for d in range(120)) + "\n")
+    return path
+
+
+def test_pretrain_electra_and_distill_commands(tmp_path, corpus, capsys) -> None:
+    config = json.dumps({"model_type": "electra", "embedding_size": 16,
+                         **{k: v for k, v in SMALL.items() if k != "vocab_size"}})
+    common = ["--corpus", str(corpus), "--steps", "3", "--batch-size", "4", "--max-length", "32", "--save-every", "0",
+              "--eval-every", "0"]
+    assert main(["pretrain", *common, "--objective", "electra", "--config", config, "--out", str(tmp_path / "e")]) == 0
+    transformers.ElectraForPreTraining.from_pretrained(tmp_path / "e" / "final")
+    transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "e" / "final" / "generator")
+    teacher_config = json.dumps({"model_type": "bert", **{k: v for k, v in SMALL.items() if k != "vocab_size"}})
+    assert main(["pretrain", *common, "--config", teacher_config, "--out", str(tmp_path / "t")]) == 0
+    assert main(["pretrain", *common, "--objective", "distill", "--teacher", str(tmp_path / "t" / "final"),
+                 "--out", str(tmp_path / "s")]) == 0
+    student = transformers.BertForMaskedLM.from_pretrained(tmp_path / "s" / "final")
+    assert student.config.num_hidden_layers == 2
+    assert main(["pretrain", *common, "--objective", "distill", "--out", str(tmp_path / "x")]) == 2
+    assert "needs --teacher" in capsys.readouterr().err
