@@ -74,8 +74,21 @@ def render_pretrain(r: dict[str, Any]) -> list[str]:
     return lines + ["", f"![training loss per wall-clock]({r['plot']})", ""]
 
 
+def render_pretrain_run(r: dict[str, Any]) -> list[str]:
+    return ["## A budgeted pre-training run (`bench/pretrain_run.py`)", "", _machine(r), "",
+            f"The benchmark shape (4 layers, hidden 256) trained on `mlm_corpus/train.txt` for {r['minutes']:g} minutes "
+            f"({'bf16 autocast' if r['bf16'] else 'fp32'}): {r['steps']:,} steps at {r['tokens_per_second']:,.0f} "
+            "tokens/s.", "",
+            *_table(["", "masked-token top-1 accuracy on valid.txt", "validation MLM loss"], [
+                ["this model", f"**{100 * r['valid_accuracy']:.1f}%**", f"{r['valid_mlm_loss']:.3f}"],
+                [f"unigram baseline (always {r['unigram_token']!r})", f"{100 * r['unigram_baseline_accuracy']:.1f}%",
+                 ""]]),
+            "", f"![loss curve]({r['plot']})", ""]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "encode": render_encode, "search": render_search, "pretrain": render_pretrain}
+    "encode": render_encode, "search": render_search, "pretrain": render_pretrain,
+    "pretrain_run": render_pretrain_run}
 
 
 def main() -> None:

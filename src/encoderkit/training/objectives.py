@@ -79,7 +79,8 @@ class ElectraObjective(nn.Module):
         is_replaced = (replaced != original).long()
         discriminated = self.discriminator(replaced, attention_mask, token_type_ids, labels=is_replaced)
         loss = generated.loss + self.rtd_weight * discriminated.loss
-        return ObjectiveOutput(loss, {"mlm": float(generated.loss), "rtd": float(discriminated.loss)})
+        return ObjectiveOutput(loss, {"mlm": float(generated.loss.detach()),
+                                      "rtd": float(discriminated.loss.detach())})
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
         """The discriminator (an ElectraForPreTraining directory) with the generator in ``generator/``."""
@@ -148,7 +149,8 @@ class DistillationObjective(nn.Module):
         student_states, teacher_states = learned.last_hidden_state[real], taught.last_hidden_state[real]
         cosine = 1.0 - F.cosine_similarity(student_states.float(), teacher_states.float(), dim=-1).mean()
         loss = self.alpha_kl * kl + self.alpha_mlm * learned.loss + self.alpha_cos * cosine
-        return ObjectiveOutput(loss, {"kl": float(kl), "mlm": float(learned.loss), "cosine": float(cosine)})
+        return ObjectiveOutput(loss, {"kl": float(kl.detach()), "mlm": float(learned.loss.detach()),
+                                      "cosine": float(cosine.detach())})
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
         return self.student.save_pretrained(directory, tokenizer=tokenizer)

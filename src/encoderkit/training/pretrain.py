@@ -32,8 +32,8 @@ class PretrainSetup:
     valid_examples: list[dict] | None
 
 
-def _is_model_dir(source: str | Path | None) -> bool:
-    return source is not None and Path(source).is_dir() and (Path(source) / "config.json").is_file()
+def _is_model_dir(source: Any) -> bool:
+    return isinstance(source, (str, Path)) and Path(source).is_dir() and (Path(source) / "config.json").is_file()
 
 
 def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | dict | None = "minilm-l6-h384",

@@ -59,6 +59,7 @@ class TrainingConfig:
     seed: int = 0
     show_progress: bool = True
     device: str = "cpu"  # "cuda" puts the model and batches on the (local) GPU
+    time_budget_s: float | None = None  # also stop (and save) once this much training time has passed
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "batch_size", "grad_accumulation"):
@@ -188,6 +189,9 @@ class Trainer:
         with Progress(config.max_steps, "training", "steps", enabled=config.show_progress and self.is_main) as bar:
             bar.skip(self.step)
             while self.step < config.max_steps:
+                if config.time_budget_s is not None and time.perf_counter() - started >= config.time_budget_s:
+                    log.warning("time budget of %.0f s reached at step %d", config.time_budget_s, self.step)
+                    break
                 record = self.train_step()
                 tokens_done += record.pop("tokens")
                 elapsed = time.perf_counter() - started
