@@ -27,12 +27,12 @@ def test_ddp_two_processes_equal_one(tmp_path: Path) -> None:
         f"document {d} talks about encoders, masks and tokens.\nit has a second line with more words {d * 7}."
         for d in range(300)) + "\n")
     common = ["--corpus", str(corpus), "--config", CONFIG, "--steps", "6", "--max-length", "32", "--lr", "1e-3",
-              "--save-every", "3", "--eval-every", "0", "--seed", "3"]
+              "--save-every", "3", "--eval-every", "0", "--seed", "3", "--dtype", "fp32"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("WORLD_SIZE", None)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", "29531", "-m", "encoderkit.cli", "pretrain", *common, "--batch-size", "4",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "encoderkit.cli", "pretrain", *common, "--batch-size", "4",
          "--out", str(tmp_path / "ddp")],
         capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -191,17 +191,24 @@ def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool)
 @click.option("--whole-word", is_flag=True, help="mask whole words")
 @click.option("--static-masking", is_flag=True, help="BERT's fixed masks instead of new masks each epoch")
 @click.option("--documents", type=click.Choice(["blank-line", "line"]), default="blank-line", show_default=True)
-@click.option("--bf16", is_flag=True, help="bf16 autocast")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "auto"]), default="auto", show_default=True,
+              help="bf16 = bf16 autocast; auto = bf16 where the CPU has native bf16 units (its loss curve matches "
+                   "fp32's: BENCHMARKS.md), else fp32")
 @click.option("--save-every", type=int, default=500, show_default=True)
 @click.option("--eval-every", type=int, default=500, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--restart", is_flag=True, help="ignore existing checkpoints in --out")
-def pretrain(corpus, out_dir, objective, teacher, generator_config, model_config, tokenizer, valid, max_length, batch_size, grad_accumulation,
-             steps, lr, warmup_ratio, schedule, mask_rate, whole_word, static_masking, documents, bf16, save_every,
-             eval_every, seed, restart) -> None:
+def pretrain(corpus, out_dir, objective, teacher, generator_config, model_config, tokenizer, valid, max_length,
+             batch_size, grad_accumulation, steps, lr, warmup_ratio, schedule, mask_rate, whole_word, static_masking,
+             documents, dtype, save_every, eval_every, seed, restart) -> None:
     """Pre-train or continue pre-training (MLM, MLM+NSP, MLM+SOP, ELECTRA, distillation); resumes automatically."""
+    import torch
+
     from .data.masking import MaskingConfig
+    from .precision import resolve_dtype
     from .training.pretrain import pretrain as run_pretrain
+
+    bf16 = resolve_dtype(dtype) == torch.bfloat16
 
     result = run_pretrain(
         corpus, out_dir, objective=objective, config=model_config, tokenizer=tokenizer, valid=valid,
