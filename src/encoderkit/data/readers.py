@@ -73,15 +73,7 @@ def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | 
             yield Record(str(index), line)
     elif fmt == "jsonl":
         index = 0
-        for number, line in _lines(path):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object, found {type(obj).__name__}")
+        for number, obj in json_objects(path):
             key = text_field or next((k for k in _TEXT_KEYS if k in obj), None)
             if key is None or key not in obj:
                 raise DataError(f"{path}:{number}: no text field ({text_field or ' / '.join(_TEXT_KEYS)}); "
@@ -110,6 +102,20 @@ def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | 
                 raise DataError(f"{path}:{reader.line_num}: row has {len(row)} column(s), "
                                 f"the text column {key!r} is column {text_column + 1}")
             yield Record(row[id_column] if id_column is not None else str(index), row[text_column])
+
+
+def json_objects(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file."""
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object, found {type(obj).__name__}")
+        yield number, obj
 
 
 class _LineStream(io.TextIOBase):

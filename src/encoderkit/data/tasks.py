@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import DataError, InputError
-from .readers import _LineStream, _lines, detect_format
+from .readers import _LineStream, _lines, detect_format, json_objects
 
 _TEXT_COLUMNS = ("text", "sentence", "sentence1", "text_a", "question", "content")
 _PAIR_COLUMNS = ("text_pair", "sentence2", "text_b", "hypothesis")
@@ -39,13 +39,7 @@ def read_classification(path: str | Path, *, text_column: str | None = None, pai
     fmt = detect_format(path)
     examples = []
     if fmt == "jsonl":
-        for number, line in _lines(path):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+        for number, row in json_objects(path):
             text_key = text_column or _first(row, _TEXT_COLUMNS, path, number, "text")
             label_key = label_column or _first(row, _LABEL_COLUMNS, path, number, "label")
             pair_key = pair_column or next((k for k in _PAIR_COLUMNS if k in row), None)
