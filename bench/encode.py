@@ -10,13 +10,12 @@ difference of the embeddings from sentence-transformers', and STS-B dev Spearman
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import SHARED, machine, matmul_peak, median, require, timed, write_result
+from common import SHARED, matmul_peak, median, require, timed, write_result
 
 
 def load_sentences() -> list[str]:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Callable
 
 from common import RESULTS, ROOT

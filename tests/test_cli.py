@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from encoderkit import Embedder, Tokenizer
 from encoderkit.cli import main

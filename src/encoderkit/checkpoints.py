@@ -8,6 +8,7 @@ pretrained encoder becomes a classifier), and the heads of other tasks are dropp
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -373,6 +374,4 @@ def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None
 
 
 def _replace(config: EncoderConfig, **changes: Any) -> EncoderConfig:
-    import dataclasses
-
     return dataclasses.replace(config, extra=dict(config.extra), **changes)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import PRESETS, EncoderConfig, load_config
+from ..config import PRESETS, load_config
 from ..data.corpus import pack_sequences, sentence_pairs, tokenize_corpus
 from ..data.masking import IGNORE_INDEX, Masker, MaskingConfig
 from ..errors import ConfigError, InputError
