@@ -31,7 +31,7 @@ def main() -> None:
     from encoderkit import Tokenizer, default_model_path
     from encoderkit.data.corpus import pack_sequences, tokenize_corpus
     from encoderkit.data.masking import IGNORE_INDEX, Masker, MaskingConfig
-    from encoderkit.training.pretrain import pretrain
+    from encoderkit.training.pretrain import fixed_mask_batches, pretrain
 
     data = require(SHARED / "data" / "mlm_corpus")
     out = Path(args.out or tempfile.mkdtemp(prefix="pretrain-run-"))
@@ -43,19 +43,19 @@ def main() -> None:
                       bf16=args.bf16, save_every=500, eval_every=500, time_budget_s=args.minutes * 60)
     final = result["final"]
 
-    # The unigram baseline on the same fixed validation masks the evaluator uses.
+    # The unigram baseline on the same fixed validation masks the evaluator uses (the run's cached tokens).
     tokenizer = Tokenizer.from_pretrained(default_model_path())
     cls_id, sep_id = tokenizer.token_id("cls"), tokenizer.token_id("sep")
     specials = [tokenizer.token_id(r) for r in ("cls", "sep", "pad", "mask", "unk")]
-    train_ids = tokenize_corpus(data / "train.txt", tokenizer).ids
+    train_ids = tokenize_corpus(data / "train.txt", tokenizer, cache_dir=out / "cache").ids
     counts = np.bincount(train_ids, minlength=tokenizer.vocab_size)
     counts[specials] = 0
     most_frequent = int(counts.argmax())
-    valid = pack_sequences(tokenize_corpus(data / "valid.txt", tokenizer), 128, cls_id, sep_id)[:2000]
-    fixed = Masker(MaskingConfig(dynamic=False), vocab_size=tokenizer.vocab_size,
-                   mask_token_id=tokenizer.mask_token_id, special_token_ids=specials, seed=12345)
-    targets = torch.cat([b["labels"][b["labels"] != IGNORE_INDEX] for b in
-                         (fixed.collate(valid[i:i + 64]) for i in range(0, len(valid), 64))])
+    valid = pack_sequences(tokenize_corpus(data / "valid.txt", tokenizer, cache_dir=out / "cache"), 128, cls_id, sep_id)
+    masker = Masker(MaskingConfig(), vocab_size=tokenizer.vocab_size, mask_token_id=tokenizer.mask_token_id,
+                    special_token_ids=specials)
+    targets = torch.cat([b["labels"][b["labels"] != IGNORE_INDEX]
+                         for b in fixed_mask_batches(masker, valid, tokenizer.pad_token_id)])
     baseline = float((targets == most_frequent).float().mean())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = max(r["step"] for r in records)

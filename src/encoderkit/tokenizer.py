@@ -262,12 +262,9 @@ class Tokenizer:
         inputs = _batch_inputs(texts, pairs)
         if not inputs:
             raise InputError("encode_batch got no texts")
-        self._configure(max_length, truncation, 0, padding, pad_to_multiple_of)
+        # Tensors need one length, so padding=False still pads to the longest (unpadded ids: encode_ids).
+        self._configure(max_length, truncation, 0, padding or "longest", pad_to_multiple_of)
         encs = self._run_batch(inputs, add_special_tokens)
-        lengths = {len(e.ids) for e in encs}
-        if len(lengths) > 1:  # padding=False: pad here anyway, tensors need one length
-            self._configure(max_length, truncation, 0, "longest", pad_to_multiple_of)
-            encs = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
 
         def tensor(attr: str) -> torch.Tensor:
             return torch.from_numpy(np.asarray([getattr(e, attr) for e in encs], dtype=np.int64))

@@ -46,6 +46,14 @@ class Masker:
         self.special = special
         self.replacement_ids = np.flatnonzero(~special)  # random replacements are never special tokens
 
+    def fixed(self, seed: int) -> "Masker":
+        """A static copy (same rates, vocabulary and special tokens) with its own seed: evaluation masks."""
+        copy = Masker.__new__(Masker)
+        copy.__dict__.update(self.__dict__)
+        copy.config = MaskingConfig(**{**self.config.__dict__, "dynamic": False})
+        copy.seed = seed
+        return copy
+
     def rng(self, index: int, epoch: int) -> np.random.Generator:
         entropy = [self.seed, epoch, index] if self.config.dynamic else [self.seed, index]
         return np.random.default_rng(entropy)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..config import PRESETS, load_config
@@ -102,14 +101,22 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
     return PretrainSetup(model, tok, masker, examples(corpus), examples(valid) if valid else None)
 
 
+EVAL_MASK_SEED = 12345
+
+
+def fixed_mask_batches(masker: Masker, examples: list[dict], pad_token_id: int, batch_size: int = 64,
+                       max_examples: int = 2000) -> list[dict[str, torch.Tensor]]:
+    """Validation batches with static masks from ``EVAL_MASK_SEED``: the same for every run and model."""
+    static = masker.fixed(EVAL_MASK_SEED)
+    examples = examples[:max_examples]
+    return [static.collate(examples[i:i + batch_size], pad_token_id=pad_token_id)
+            for i in range(0, len(examples), batch_size)]
+
+
 def mlm_evaluator(setup: PretrainSetup, batch_size: int = 64, max_examples: int = 2000):
     """Validation MLM loss and masked-token top-1 accuracy on fixed (static) masks."""
-    examples = (setup.valid_examples or [])[:max_examples]
-    static = Masker(dataclasses.replace(setup.masker.config, dynamic=False), vocab_size=len(setup.masker.special),
-                    mask_token_id=setup.masker.mask_token_id,
-                    special_token_ids=np.flatnonzero(setup.masker.special).tolist(), seed=12345)
-    batches = [static.collate(examples[i:i + batch_size], pad_token_id=setup.tokenizer.pad_token_id)
-               for i in range(0, len(examples), batch_size)]
+    batches = fixed_mask_batches(setup.masker, setup.valid_examples or [], setup.tokenizer.pad_token_id,
+                                 batch_size, max_examples)
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
         model = getattr(model, "student", None) or getattr(model, "generator", None) or model  # the MLM network
