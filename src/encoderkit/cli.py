@@ -246,6 +246,13 @@ def demo(model: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Inspection and audits: `encoderkit scan <engine> ...` writes <engine>.json, <engine>.md and PNGs to --out.
+@cli.group()
+def scan() -> None:
+    """Audit a model or its inputs: provenance, membership, backdoors, OOD, shift, consistency."""
+
+
+# ---------------------------------------------------------------------------------------------
 def _print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
