@@ -247,7 +247,8 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
     elif not task_model and has_prefix:  # a task checkpoint into the bare encoder
         state = {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in state.items()}
 
-    own = model.state_dict()
+    extra_prefixes = tuple(getattr(model, "extra_prefixes", ()))
+    own = {k: v for k, v in model.state_dict().items() if not k.startswith(extra_prefixes)}
     tied = {name for name in own if name.endswith("mlm_head.decoder.weight")} if config.tie_word_embeddings else set()
     missing, mismatched, fresh = [], [], []
     consumed: set[str] = set()
@@ -335,6 +336,7 @@ def load_model(
     model = build_model(config, task)
     state = read_state_dict(resolved.weights_dir, allow_pickle=allow_pickle)
     load_state(model, state, source=str(resolved.weights_dir))
+    load_extra_state(model, resolved.weights_dir)
     if dtype is not None:
         model = model.to(dtype)
     model.eval()
@@ -342,11 +344,51 @@ def load_model(
     return model
 
 
+EXTRA_WEIGHTS = "encoderkit_extra.safetensors"
+
+
+def load_extra_state(model: nn.Module, directory: Path) -> None:
+    """Load the tensors transformers has no names for (``model.extra_prefixes``) from EXTRA_WEIGHTS."""
+    from safetensors.torch import load_file
+
+    prefixes = tuple(getattr(model, "extra_prefixes", ()))
+    expected = {k: v for k, v in model.state_dict().items() if prefixes and k.startswith(prefixes)}
+    if not expected:
+        return
+    path = directory / EXTRA_WEIGHTS
+    if not path.is_file():
+        log.warning("%s: newly initialised (no %s in the checkpoint; train before use): %s", directory,
+                    EXTRA_WEIGHTS, _names(sorted(expected)))
+        return
+    try:
+        state = load_file(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({exc})") from exc
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}" for k, v in expected.items()
+             if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    if missing or unexpected or wrong:
+        raise CheckpointError(f"{path} does not fit the model: missing {_names(missing)}, unexpected "
+                              f"{_names(unexpected)}, wrong shape {_names(wrong)}")
+    model.load_state_dict(state, strict=False)
+
+
+def load_weights(model: nn.Module, directory: str | Path) -> None:
+    """Load a saved directory's weights (transformers-named and extra) into an existing model."""
+    directory = Path(directory)
+    load_state(model, read_state_dict(directory), source=str(directory))
+    load_extra_state(model, directory)
+
+
 def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None) -> Path:
-    """Write config.json + model.safetensors (transformers' names), and the tokenizer when given."""
+    """Write config.json + model.safetensors (transformers' names), and the tokenizer when given.
+
+    Tensors transformers has no counterpart for (a CRF, multi-task heads) go to encoderkit_extra.safetensors.
+    """
     from safetensors.torch import save_file
 
-    from .modeling.models import Encoder
+    from .modeling.models import HF_SUFFIX, Encoder
 
     config: EncoderConfig = model.config  # type: ignore[assignment]
     task = getattr(model, "task", None)
@@ -354,11 +396,20 @@ def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None
         raise ConfigError(f"cannot save a {type(model).__name__}: not an encoderkit model")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    mapper = _Mapper(config, task_model=not isinstance(model, Encoder))
+    # A task model that transformers sees as the bare encoder (multi-task) is saved under base-model names.
+    as_base = isinstance(model, Encoder) or HF_SUFFIX[task] == "Model"
+    mapper = _Mapper(config, task_model=not as_base)
+    prefixes = tuple(getattr(model, "extra_prefixes", ()))
     tensors: dict[str, torch.Tensor] = {}
+    extra: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
         if config.tie_word_embeddings and name.endswith("mlm_head.decoder.weight"):
             continue  # transformers re-ties it on load
+        if prefixes and name.startswith(prefixes):
+            extra[name] = tensor.detach().to("cpu").contiguous()
+            continue
+        if as_base and not isinstance(model, Encoder):
+            name = name.removeprefix("encoder.")
         hf_name = mapper.our_to_hf(name)
         if hf_name is None:
             raise CheckpointError(f"internal: no transformers name for {name}")
@@ -368,6 +419,12 @@ def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None
     tmp = directory / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / "model.safetensors")
+    if extra:
+        tmp = directory / (EXTRA_WEIGHTS + ".tmp")
+        save_file(extra, str(tmp), metadata={"format": "pt", "library": "encoderkit"})
+        tmp.replace(directory / EXTRA_WEIGHTS)
+    else:
+        (directory / EXTRA_WEIGHTS).unlink(missing_ok=True)
     if tokenizer is not None:
         tokenizer.save(directory)
     return directory

@@ -280,18 +280,22 @@ class Tokenizer:
         encodings = self.encode_raw(texts, pairs, max_length=max_length, truncation=truncation)
         return [e.ids for e in encodings], [e.type_ids for e in encodings]
 
-    def encode_raw(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *, max_length: int | None = None,
-                   truncation: str | bool = "longest_first", stride: int = 0,
-                   add_special_tokens: bool = True) -> list[Any]:
+    def encode_raw(self, texts: Sequence[str] | Sequence[Sequence[str]], pairs: Sequence[str] | None = None, *,
+                   max_length: int | None = None, truncation: str | bool = "longest_first", stride: int = 0,
+                   add_special_tokens: bool = True, is_pretokenized: bool = False) -> list[Any]:
         """The `tokenizers` library's own Encoding objects, unpadded (with ``overflowing`` windows of
-        ``stride`` overlapping tokens when truncating): for callers that need speed over convenience."""
-        inputs = _batch_inputs(texts, pairs)
-        self._configure(max_length, truncation, stride, False, None)
-        return self._run_batch(inputs, add_special_tokens)
+        ``stride`` overlapping tokens when truncating): for callers that need speed over convenience.
 
-    def _run_batch(self, inputs: list[Any], add_special_tokens: bool) -> list[Any]:
+        ``is_pretokenized``: each text is a list of words (e.g. a CoNLL sentence); word ids then index
+        those words, and offsets are relative to each word."""
+        inputs = _batch_inputs(texts, pairs, is_pretokenized)
+        self._configure(max_length, truncation, stride, False, None)
+        return self._run_batch(inputs, add_special_tokens, is_pretokenized)
+
+    def _run_batch(self, inputs: list[Any], add_special_tokens: bool, is_pretokenized: bool = False) -> list[Any]:
         try:
-            return self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+            return self.backend.encode_batch(inputs, is_pretokenized=is_pretokenized,
+                                             add_special_tokens=add_special_tokens)
         except Exception as exc:
             raise InputError(f"cannot tokenise this batch: {exc}") from exc
 
@@ -386,12 +390,18 @@ def train_tokenizer(files: Sequence[str | Path], *, kind: str = "wordpiece", voc
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-def _batch_inputs(texts: Sequence[str], pairs: Sequence[str] | None) -> list[Any]:
-    """Checked inputs for the backend's batch call: texts, or (text, pair) tuples."""
+def _batch_inputs(texts: Sequence[Any], pairs: Sequence[str] | None, is_pretokenized: bool = False) -> list[Any]:
+    """Checked inputs for the backend's batch call: texts (or word lists), or (text, pair) tuples."""
     if isinstance(texts, str):
         raise InputError("expected a list of texts; for one text use encode()")
     for index, text in enumerate(texts):
-        _check_text(text, f"texts[{index}]")
+        if is_pretokenized:
+            if isinstance(text, str) or not all(isinstance(word, str) for word in text):
+                raise InputError(f"texts[{index}] must be a list of words (strings) when is_pretokenized=True")
+            if not text:
+                raise InputError(f"texts[{index}] is an empty list of words")
+        else:
+            _check_text(text, f"texts[{index}]")
     if pairs is None:
         return list(texts)
     if len(pairs) != len(texts):

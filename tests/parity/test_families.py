@@ -90,8 +90,9 @@ def hf_outputs(model, inputs) -> dict[str, torch.Tensor | tuple]:
     return result
 
 
-def our_outputs(model, inputs) -> dict[str, torch.Tensor | tuple]:
-    out = model(**inputs, output_hidden_states=True, output_attentions=True)
+def our_outputs(model, inputs, attentions: bool = True) -> dict[str, torch.Tensor | tuple]:
+    """With attentions: the padded explicit path; without: the unpadded SDPA path (real tokens only)."""
+    out = model(**inputs, output_hidden_states=True, output_attentions=attentions)
     result = {}
     for name in ("last_hidden_state", "pooler_output", "logits", "pair_logits", "start_logits", "end_logits",
                  "hidden_states", "attentions"):
@@ -144,6 +145,10 @@ def test_load_matches_transformers_and_round_trips(family: str, task: str, tmp_p
         actual = our_outputs(ours, inputs)
     assert_close(expected, actual, inputs["attention_mask"], f"{family}/{task} load")
     assert len(actual["hidden_states"]) >= config.num_hidden_layers + 1
+    with torch.no_grad():
+        unpadded = our_outputs(ours, inputs, attentions=False)
+    assert_close({k: v for k, v in expected.items() if k != "attentions"}, unpadded, inputs["attention_mask"],
+                 f"{family}/{task} unpadded")
 
     ours.save_pretrained(tmp_path / "ours")
     reloaded = hf_class(family, task).from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
@@ -168,6 +173,34 @@ def test_sdpa_path_equals_explicit_path(family: str, tmp_path) -> None:
     real = inputs["attention_mask"].bool()
     assert (fast - explicit)[real].abs().max() <= TOL
     assert (fast - want)[real].abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_unpadded_training_gives_the_padded_gradients(family: str, tmp_path, monkeypatch) -> None:
+    """Training runs the dense layers on real tokens only; loss and every gradient equal the padded path's."""
+    from encoderkit.modeling import encoder as encoder_module
+
+    config = CONFIGS[family]()
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    reference = hf_class(family, "sequence-classification")._from_config(config, attn_implementation="eager")
+    perturb(reference)
+    reference.save_pretrained(tmp_path)
+    inputs = make_batch(config, config.pad_token_id)
+    labels = torch.tensor([0, 1, 1])
+
+    def loss_and_grads(unpad: bool):
+        monkeypatch.setattr(encoder_module, "_worth_unpadding", lambda mask: unpad)
+        model = load_model(tmp_path).train()
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    padded_loss, padded = loss_and_grads(False)
+    unpadded_loss, unpadded = loss_and_grads(True)
+    assert (padded_loss - unpadded_loss).abs() <= TOL
+    assert padded.keys() == unpadded.keys() and len(padded) > 20
+    for name in padded:
+        assert (padded[name] - unpadded[name]).abs().max() <= TOL, name
 
 
 def test_distilbert_sinusoidal_positions(tmp_path) -> None:

@@ -24,16 +24,19 @@ _LABEL_COLUMNS = ("label", "labels", "class", "category")
 class ClassificationExample:
     text: str
     pair: str | None
-    label: Any  # a label name, or a list of names for multi-label
+    label: Any  # a label name, or a list of names for multi-label; None in unlabelled data
+    line: int = 0  # where it came from (1-based line of the file), for error messages
 
 
 def read_classification(path: str | Path, *, text_column: str | None = None, pair_column: str | None = None,
                         label_column: str | None = None, has_header: bool = True,
-                        multi_label_separator: str | None = None) -> list[ClassificationExample]:
+                        multi_label_separator: str | None = None,
+                        require_label: bool = True) -> list[ClassificationExample]:
     """CSV/TSV (a header row names the columns, or give the column names / 0-based indices) or JSONL.
 
     Labels stay as written (names or ids, as strings); a JSON list, or a string split on
-    ``multi_label_separator``, makes a multi-label example.
+    ``multi_label_separator``, makes a multi-label example. ``require_label=False`` reads unlabelled
+    data (for prediction): a missing label column gives examples with ``label=None``.
     """
     path = Path(path)
     fmt = detect_format(path)
@@ -41,13 +44,21 @@ def read_classification(path: str | Path, *, text_column: str | None = None, pai
     if fmt == "jsonl":
         for number, row in json_objects(path):
             text_key = text_column or _first(row, _TEXT_COLUMNS, path, number, "text")
-            label_key = label_column or _first(row, _LABEL_COLUMNS, path, number, "label")
+            if require_label:
+                label_key = label_column or _first(row, _LABEL_COLUMNS, path, number, "label")
+            else:
+                label_key = label_column or next((k for k in _LABEL_COLUMNS if k in row), None)
             pair_key = pair_column or next((k for k in _PAIR_COLUMNS if k in row), None)
-            for key in (text_key, label_key):
-                if key not in row:
+            for key in (text_key, label_key, pair_column):
+                if key is not None and key not in row:
                     raise DataError(f"{path}:{number}: no field {key!r}")
-            examples.append(ClassificationExample(str(row[text_key]), None if pair_key is None else str(row[pair_key]),
-                                                  _label(row[label_key], multi_label_separator)))
+            for key in (text_key, pair_key):
+                if key is not None and not isinstance(row[key], str):
+                    raise DataError(f"{path}:{number}: field {key!r} must be a string, found "
+                                    f"{type(row[key]).__name__}")
+            label = None if label_key is None else _label(row[label_key], multi_label_separator, path, number)
+            examples.append(ClassificationExample(row[text_key], None if pair_key is None else row[pair_key], label,
+                                                  number))
     else:
         delimiter = "\t" if fmt == "tsv" or path.suffix.lower() == ".tsv" else ","
         reader = csv.reader(_LineStream(_lines(path)), delimiter=delimiter, quoting=csv.QUOTE_MINIMAL)
@@ -73,7 +84,7 @@ def read_classification(path: str | Path, *, text_column: str | None = None, pai
             return found
 
         text_index = column(text_column, _TEXT_COLUMNS, "text", True)
-        label_index = column(label_column, _LABEL_COLUMNS, "label", True)
+        label_index = column(label_column, _LABEL_COLUMNS, "label", require_label)
         pair_index = column(pair_column, _PAIR_COLUMNS, "pair", False)
         for row in reader:
             if not row or not any(cell.strip() for cell in row):
@@ -81,9 +92,14 @@ def read_classification(path: str | Path, *, text_column: str | None = None, pai
             needed = max(i for i in (text_index, label_index, pair_index) if i is not None)
             if len(row) <= needed:
                 raise DataError(f"{path}:{reader.line_num}: {len(row)} column(s), expected at least {needed + 1}")
+            label = None
+            if label_index is not None:
+                if not row[label_index].strip():
+                    raise DataError(f"{path}:{reader.line_num}: the label column ({label_index + 1}) is empty")
+                label = _label(row[label_index].strip(), multi_label_separator, path, reader.line_num)
             examples.append(ClassificationExample(
-                row[text_index].strip(), None if pair_index is None else row[pair_index].strip(),
-                _label(row[label_index].strip(), multi_label_separator)))
+                row[text_index].strip(), None if pair_index is None else row[pair_index].strip(), label,
+                reader.line_num))
     if not examples:
         raise DataError(f"{path} holds no examples")
     return examples
@@ -96,9 +112,13 @@ def _first(row: dict, keys: Sequence[str], path: Path, number: int, what: str) -
     return key
 
 
-def _label(value: Any, separator: str | None) -> Any:
+def _label(value: Any, separator: str | None, path: Path, line: int) -> Any:
     if isinstance(value, list):
+        if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+            raise DataError(f"{path}:{line}: a label list must hold names or integer ids, found {value!r}")
         return [str(v) for v in value]
+    if value is None or isinstance(value, (bool, dict, float)):
+        raise DataError(f"{path}:{line}: a label must be a name or an integer id, found {value!r}")
     if separator and isinstance(value, str):
         return [part.strip() for part in value.split(separator) if part.strip()]
     return str(value)

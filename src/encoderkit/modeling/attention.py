@@ -1,7 +1,14 @@
-"""Bidirectional multi-head self-attention on torch SDPA, with an explicit path that returns probabilities."""
+"""Bidirectional multi-head self-attention on torch SDPA, with an explicit path that returns probabilities.
+
+Two layouts of the token states are supported:
+- padded: (batch, length, hidden), padding keys masked by an additive bias;
+- unpadded: (tokens, hidden), only the real tokens of the batch (see ``Unpadding``). The dense
+  projections then run on real tokens alone; the states are re-padded only for the attention product.
+"""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +30,31 @@ def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> tor
     return bias.masked_fill(~keep, torch.finfo(dtype).min)
 
 
+@dataclass
+class Unpadding:
+    """Where the real tokens of a padded (batch, length) batch are, to move states between the layouts."""
+
+    indices: torch.Tensor  # (tokens,) positions of the real tokens in the flattened (batch * length) grid
+    batch: int
+    length: int
+    bias: torch.Tensor  # (batch, 1, 1, length) additive key mask for the re-padded attention
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor, dtype: torch.dtype) -> "Unpadding":
+        batch, length = attention_mask.shape
+        indices = attention_mask.reshape(-1).nonzero().squeeze(1)
+        return cls(indices, batch, length, padding_bias(attention_mask, dtype))
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(batch, length, ...) -> (tokens, ...)."""
+        return padded.reshape(self.batch * self.length, *padded.shape[2:]).index_select(0, self.indices)
+
+    def pad(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(tokens, ...) -> (batch, length, ...), zeros at padding (differentiable)."""
+        grid = tokens.new_zeros(self.batch * self.length, *tokens.shape[1:])
+        return grid.index_copy(0, self.indices, tokens).view(self.batch, self.length, *tokens.shape[1:])
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
@@ -35,14 +67,22 @@ class SelfAttention(nn.Module):
         self.output = nn.Linear(hidden, hidden)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """Query, key and value in one matrix product (one tall GEMM beats three narrow ones)."""
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        return F.linear(x, weight, bias)
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None, return_probs: bool = False
+        self, x: torch.Tensor, bias: torch.Tensor | None, return_probs: bool = False,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        qkv = self._qkv(x)
+        if unpadding is not None:  # (tokens, 3 * hidden): re-pad for the attention product only
+            qkv = unpadding.pad(qkv)
+            bias = unpadding.bias
+        batch, length, _ = qkv.shape
+        q, k, v = qkv.view(batch, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         dropout_p = self.dropout_p if self.training else 0.0
         probs = None
         if return_probs:
@@ -53,6 +93,7 @@ class SelfAttention(nn.Module):
             context = torch.matmul(F.dropout(probs, dropout_p, self.training), v)
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
-        batch, _, length, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)
         return self.output(context), probs

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
-from .attention import SelfAttention, padding_bias
+from .attention import SelfAttention, Unpadding, padding_bias
 from .embeddings import Embeddings
 
 
@@ -68,9 +68,10 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None, return_probs: bool = False
+        self, x: torch.Tensor, bias: torch.Tensor | None, return_probs: bool = False,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attended, probs = self.attention(x, bias, return_probs)
+        attended, probs = self.attention(x, bias, return_probs, unpadding)
         x = self.attention_norm(x + self.dropout(attended))
         x = self.ffn_norm(x + self.dropout(self.ffn_out(self.activation(self.ffn_in(x)))))
         return x, probs
@@ -116,19 +117,39 @@ class EncoderModel(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> EncoderOutput:
+        unpadding = None
+        if attention_mask is not None and not output_attentions and _worth_unpadding(attention_mask):
+            # Unpad once here, run every layer's dense products on real tokens only, re-pad once at the end.
+            unpadding = Unpadding.from_mask(attention_mask, self.embeddings.word.weight.dtype)
+            if position_ids is None:
+                position_ids = self.embeddings.position_ids(input_ids)
+            token_type_ids = None if token_type_ids is None else unpadding.unpad(token_type_ids)
+            input_ids, position_ids = unpadding.unpad(input_ids), unpadding.unpad(position_ids)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
-        bias = padding_bias(attention_mask, x.dtype)
+        bias = None if unpadding is not None else padding_bias(attention_mask, x.dtype)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for index in self.layer_schedule():
-            x, probs = self.layers[index](x, bias, output_attentions)
+            x, probs = self.layers[index](x, bias, output_attentions, unpadding)
             if hidden_states is not None:
                 hidden_states.append(x)
             if attentions is not None:
                 attentions.append(probs)
+        if unpadding is not None:
+            x = unpadding.pad(x)
+            if hidden_states is not None:
+                hidden_states = [unpadding.pad(h) for h in hidden_states]
         return EncoderOutput(
             last_hidden_state=x,
             pooler_output=self.pooler(x) if self.pooler is not None else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
         )
+
+
+UNPAD_MIN_PADDING = 0.1  # below this share of padding, re-padding in every layer costs about what it saves
+
+
+def _worth_unpadding(attention_mask: torch.Tensor) -> bool:
+    """True when at least ``UNPAD_MIN_PADDING`` of the batch's positions are padding."""
+    return attention_mask.dim() == 2 and float(attention_mask.float().mean()) <= 1.0 - UNPAD_MIN_PADDING

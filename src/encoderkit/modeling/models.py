@@ -13,6 +13,7 @@ from ..config import EncoderConfig
 from ..errors import ConfigError, InputError
 from .embeddings import init_weights
 from .encoder import EncoderModel, EncoderOutput
+from .crf import CRF, word_emissions
 from .heads import (
     MaskedLMHead,
     ReplacedTokenHead,
@@ -24,7 +25,7 @@ from .heads import (
 
 @dataclass
 class TaskOutput:
-    logits: torch.Tensor | None = None  # MLM: (batch, len, vocab); classification: (batch, labels); tokens: (batch, len[, labels])
+    logits: Any = None  # MLM: (batch, len, vocab); classification: (batch, labels); tokens: (batch, len[, labels]); multi-task: {head: (batch, labels)}
     loss: torch.Tensor | None = None
     pair_logits: torch.Tensor | None = None  # NSP / SOP: (batch, 2)
     start_logits: torch.Tensor | None = None
@@ -39,6 +40,11 @@ class _Pretrained:
 
     task: str = "base"
     config: EncoderConfig
+    # Submodules transformers has no counterpart for (a CRF, multi-task heads): saved under our own names
+    # in encoderkit_extra.safetensors, so model.safetensors stays a plain transformers checkpoint.
+    extra_prefixes: tuple[str, ...] = ()
+    # Learning-rate multipliers by parameter-name prefix (a CRF's transitions start at zero and need more).
+    learning_rate_multipliers: dict[str, float] = {}
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, **kwargs: Any):
@@ -206,21 +212,42 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type
     return F.cross_entropy(logits.float(), labels.view(-1))
 
 
+def task_settings(config: EncoderConfig) -> dict[str, Any]:
+    """What encoderkit records about a fine-tuned model in config.json (``"encoderkit"``: task kind,
+    max length, CRF, multi-task heads ...); transformers keeps the key and ignores it."""
+    settings = config.extra.get("encoderkit")
+    return dict(settings) if isinstance(settings, dict) else {}
+
+
 class EncoderForTokenClassification(_TaskModel):
+    """A tag per token; with ``"crf": true`` in the task settings, a CRF over the words' first sub-tokens."""
+
     task = "token-classification"
+    extra_prefixes = ("crf.",)
+    learning_rate_multipliers = {"crf.": 100.0}
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
         self.token_classifier = TokenClassificationHead(config, config.num_labels)
+        self.crf = CRF(config.num_labels, config.labels) if task_settings(config).get("crf") else None
         self._finish_init()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        """``labels``: a tag id per token, -100 where there is none (with a CRF: on every token but each
+        word's first sub-token, which is how the CRF finds the words)."""
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
                            output_attentions)
         logits = self.token_classifier(out.last_hidden_state)
         loss = None
-        if labels is not None:
+        if labels is not None and self.crf is not None:
+            starts = labels != -100
+            emissions, mask = word_emissions(logits.float(), starts)
+            tags, _ = word_emissions(labels.unsqueeze(-1), starts)
+            has_words = mask.any(dim=1)
+            log_likelihood = self.crf.log_likelihood(emissions[has_words], tags[has_words, :, 0], mask[has_words])
+            loss = -log_likelihood.sum() / mask.sum().clamp(min=1)  # per word, on the scale of cross-entropy
+        elif labels is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
         return self._output(out, logits=logits, loss=loss)
 
@@ -247,6 +274,70 @@ class EncoderForQuestionAnswering(_TaskModel):
         return self._output(out, start_logits=start, end_logits=end, loss=loss)
 
 
+@dataclass(frozen=True)
+class HeadSpec:
+    """One head of a multi-task classifier."""
+
+    labels: tuple[str, ...]
+    multi_label: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"labels": list(self.labels), "multi_label": self.multi_label}
+
+
+def multitask_heads(config: EncoderConfig) -> dict[str, HeadSpec]:
+    heads = task_settings(config).get("heads")
+    if not isinstance(heads, dict) or not heads:
+        raise ConfigError('a multi-task model needs "heads" in the "encoderkit" section of config.json')
+    return {name: HeadSpec(tuple(spec["labels"]), bool(spec.get("multi_label"))) for name, spec in heads.items()}
+
+
+class EncoderForMultiTask(_TaskModel):
+    """One encoder, several sequence-classification heads (single- or multi-label), trained jointly.
+
+    Each example belongs to one head (``task_ids``). ``labels`` is (batch, width) float: for a
+    single-label head the class id in column 0, for a multi-label head the multi-hot row in the first
+    ``len(labels)`` columns. The encoder saves as the family's base model (transformers loads it as
+    ``BertModel`` & co.); the heads go to encoderkit_extra.safetensors.
+    """
+
+    task = "multitask"
+    extra_prefixes = ("heads.",)
+
+    def __init__(self, config: EncoderConfig) -> None:
+        self.uses_pooler = config.family.classifier == "pooled"
+        super().__init__(config)
+        self.head_specs = multitask_heads(config)
+        self.head_names = list(self.head_specs)
+        self.heads = nn.ModuleDict({name: SequenceClassificationHead(config, len(spec.labels))
+                                    for name, spec in self.head_specs.items()})
+        self._finish_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, task_ids=None,
+                labels=None, output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
+                           output_attentions)
+        logits = {name: head(out.last_hidden_state, out.pooler_output) for name, head in self.heads.items()}
+        loss = None
+        if labels is not None:
+            if task_ids is None:
+                raise InputError("multi-task training needs task_ids: which head each example belongs to")
+            loss = logits[self.head_names[0]].new_zeros((), dtype=torch.float32)
+            for index, name in enumerate(self.head_names):
+                rows = task_ids == index
+                if not bool(rows.any()):
+                    continue
+                spec, head_logits = self.head_specs[name], logits[name][rows].float()
+                if spec.multi_label:
+                    part = F.binary_cross_entropy_with_logits(head_logits, labels[rows, :len(spec.labels)],
+                                                              reduction="sum") / len(spec.labels)
+                else:
+                    part = F.cross_entropy(head_logits, labels[rows, 0].long(), reduction="sum")
+                loss = loss + part
+            loss = loss / input_ids.shape[0]  # every example counts once, whatever its head
+        return self._output(out, logits=logits, loss=loss)
+
+
 TASK_MODELS: dict[str, type[nn.Module]] = {
     "base": Encoder,
     "masked-lm": EncoderForMaskedLM,
@@ -255,6 +346,7 @@ TASK_MODELS: dict[str, type[nn.Module]] = {
     "sequence-classification": EncoderForSequenceClassification,
     "token-classification": EncoderForTokenClassification,
     "question-answering": EncoderForQuestionAnswering,
+    "multitask": EncoderForMultiTask,
 }
 
 # transformers' class name = family stem + this suffix (ELECTRA's "ForPreTraining" is its discriminator).
@@ -266,6 +358,7 @@ HF_SUFFIX = {
     "sequence-classification": "ForSequenceClassification",
     "token-classification": "ForTokenClassification",
     "question-answering": "ForQuestionAnswering",
+    "multitask": "Model",  # transformers sees the shared encoder; the heads are encoderkit's
 }
 
 
@@ -275,6 +368,8 @@ def hf_architecture(config: EncoderConfig, task: str) -> str:
 
 def task_from_architectures(config: EncoderConfig) -> str:
     """The task a checkpoint was saved for, read from config.json's ``architectures``; "base" if unknown."""
+    if task_settings(config).get("task") == "multitask":
+        return "multitask"
     for name in config.architectures or ():
         stem = config.family.hf_class_stem
         if not name.startswith(stem):
@@ -283,7 +378,7 @@ def task_from_architectures(config: EncoderConfig) -> str:
         if suffix == "ForPreTraining":
             return "replaced-token-detection" if config.model_type == "electra" else "pretraining"
         for task, task_suffix in HF_SUFFIX.items():
-            if task_suffix == suffix:
+            if task_suffix == suffix and task != "multitask":
                 return task
     return "base"
 

@@ -89,10 +89,10 @@ class ElectraObjective(nn.Module):
         return Path(directory)
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        from ..checkpoints import load_state, read_state_dict
+        from ..checkpoints import load_weights
 
-        load_state(self.discriminator, read_state_dict(Path(directory)), source=str(directory))
-        load_state(self.generator, read_state_dict(Path(directory) / "generator"), source=str(directory))
+        load_weights(self.discriminator, directory)
+        load_weights(self.generator, Path(directory) / "generator")
         self.tie_embeddings()
 
 
@@ -156,6 +156,6 @@ class DistillationObjective(nn.Module):
         return self.student.save_pretrained(directory, tokenizer=tokenizer)
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        from ..checkpoints import load_state, read_state_dict
+        from ..checkpoints import load_weights
 
-        load_state(self.student, read_state_dict(Path(directory)), source=str(directory))
+        load_weights(self.student, directory)
