@@ -263,6 +263,8 @@ class EncoderConfig:
                 value = self.embedding_dim
             elif name == "num_hidden_groups":
                 value = self.num_groups
+            if value is None and family.defaults.get(name) is not None:
+                value = family.defaults[name]  # e.g. DistilBERT's seq_classif_dropout must be a number
             if value is None and name not in ("classifier_dropout",):
                 continue
             out[family.renamed_keys.get(name, name)] = value

@@ -48,6 +48,12 @@ def micro_f1_multilabel(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return _f1(tp, int((~y_true & y_pred).sum()), int((y_true & ~y_pred).sum()))
 
 
+def binary_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """F1 of one label's 0/1 indicators (0 when the label is neither present nor predicted)."""
+    y_true, y_pred = np.asarray(y_true).astype(bool), np.asarray(y_pred).astype(bool)
+    return _f1(int((y_true & y_pred).sum()), int((~y_true & y_pred).sum()), int((y_true & ~y_pred).sum()))
+
+
 def _pair(y_true: Sequence, y_pred: Sequence) -> tuple[np.ndarray, np.ndarray]:
     if len(y_true) != len(y_pred):
         raise InputError(f"{len(y_true)} references but {len(y_pred)} predictions")

@@ -129,6 +129,7 @@ class TaggedSentence:
     tokens: list[str]
     tags: list[str]
     document: int = 0
+    line: int = 0  # 1-based line of the sentence's first token, for error messages
 
 
 def read_conll(path: str | Path, *, tag_column: int = -1) -> list[TaggedSentence]:
@@ -138,12 +139,12 @@ def read_conll(path: str | Path, *, tag_column: int = -1) -> list[TaggedSentence
     sentences: list[TaggedSentence] = []
     tokens: list[str] = []
     tags: list[str] = []
-    document = 0
+    document = first_line = 0
     for number, line in _lines(path):
         fields = line.split()
         if not fields or fields[0] == "-DOCSTART-":
             if tokens:
-                sentences.append(TaggedSentence(tokens, tags, document))
+                sentences.append(TaggedSentence(tokens, tags, document, first_line))
                 tokens, tags = [], []
             if fields:
                 document += 1
@@ -154,10 +155,12 @@ def read_conll(path: str | Path, *, tag_column: int = -1) -> list[TaggedSentence
         if tag != "O" and not (len(tag) > 2 and tag[1] == "-" and tag[0] in "BIES"):
             raise DataError(f"{path}:{number}: column {len(fields) + tag_column + 1 if tag_column < 0 else tag_column + 1}"
                             f" holds {tag!r}, not an IOB tag (O, B-X, I-X, E-X, S-X)")
+        if not tokens:
+            first_line = number
         tokens.append(fields[0])
         tags.append(tag)
     if tokens:
-        sentences.append(TaggedSentence(tokens, tags, document))
+        sentences.append(TaggedSentence(tokens, tags, document, first_line))
     if not sentences:
         raise DataError(f"{path} holds no sentences")
     return sentences

@@ -12,6 +12,7 @@ stream, LayerNorm, softmax statistics (inside SDPA) and pooling stay in fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -145,6 +146,16 @@ class FastEncoder(nn.Module):
         self.layers = nn.ModuleList(_FastLayer(layer, model.config, dtype) for layer in model.layers)
         self.schedule = model.layer_schedule()
         self.eval()
+
+    def run(self, ids: list[list[int]], types: list[list[int]] | None, *, token_budget: int,
+            max_batch_size: int = 512) -> Iterator[tuple[np.ndarray, torch.Tensor, PackedBatch]]:
+        """Encode many sequences, longest first, in packed batches of at most ``token_budget`` padded tokens:
+        yields (the sequences' indices, their packed fp32 states (tokens, hidden), the batch)."""
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        for indices in plan_batches(lengths, token_budget, max_batch_size):
+            batch = PackedBatch.from_lists([ids[i] for i in indices],
+                                           None if types is None else [types[i] for i in indices], self.config)
+            yield indices, self(batch), batch
 
     @torch.inference_mode()
     def forward(self, batch: PackedBatch) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import DataError, InputError
 from ..hub import resolve_model
 from ..modeling.encoder import EncoderModel
-from ..modeling.fast import FastEncoder, PackedBatch, plan_batches, pool_packed
+from ..modeling.fast import FastEncoder, pool_packed
 from ..tokenizer import Tokenizer
 from ..precision import resolve_dtype
 
@@ -146,11 +146,9 @@ class Embedder:
             ids, types, owner = self._tokenize(texts)
             windows = len(ids) > len(texts)
             weights = torch.zeros(len(texts), dtype=torch.float32)
-            lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-            for batch_indices in plan_batches(lengths, self.token_budget, batch_size):
-                batch = PackedBatch.from_lists([ids[i] for i in batch_indices],
-                                               [types[i] for i in batch_indices], self.model.config)
-                vectors = pool_packed(self.fast(batch), batch, self.pooling)
+            for batch_indices, hidden, batch in self.fast.run(ids, types, token_budget=self.token_budget,
+                                                              max_batch_size=batch_size):
+                vectors = pool_packed(hidden, batch, self.pooling)
                 rows = torch.from_numpy(owner[batch_indices])
                 if windows:  # a text's windows are averaged, weighted by their token counts
                     piece_weights = batch.lengths.to(torch.float32)

@@ -256,7 +256,7 @@ class Trainer:
             metrics_path.write_text("", encoding="utf-8")
         self.model.train()
         started = time.perf_counter()
-        tokens_done = 0
+        tokens_done = examples_done = 0
         with Progress(config.max_steps, "training", "steps", enabled=config.show_progress and self.is_main) as bar:
             bar.skip(self.step)
             while self.step < config.max_steps:
@@ -265,9 +265,11 @@ class Trainer:
                     break
                 record = self.train_step()
                 tokens_done += record.pop("tokens")
+                examples_done += record.pop("examples")
                 elapsed = time.perf_counter() - started
                 record["elapsed_s"] = elapsed
                 record["tokens_per_s"] = tokens_done * self.world_size / elapsed if elapsed > 0 else 0.0
+                record["examples_per_s"] = examples_done * self.world_size / elapsed if elapsed > 0 else 0.0
                 step_loss = record["loss"]
                 stop = False
                 if config.eval_every and self.step % config.eval_every == 0 and self.step < config.max_steps:
@@ -307,7 +309,7 @@ class Trainer:
         config = self.config
         batches = [self._next_micro_batch() for _ in range(config.grad_accumulation)]
         total_targets = self._all_reduce_sum(sum(count_targets(b) for b in batches))
-        loss_sum, tokens = 0.0, 0
+        loss_sum, tokens, examples = 0.0, 0, 0
         for index, batch in enumerate(batches):
             weight = count_targets(batch) * self.world_size / max(total_targets, 1)
             with self._autocast():
@@ -320,6 +322,7 @@ class Trainer:
                 (loss * weight).backward()
             loss_sum += float(loss.detach()) * weight / self.world_size
             tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
+            examples += int(batch["input_ids"].shape[0])
         record: dict[str, Any] = {"step": self.step + 1, "loss": self._all_reduce_sum(loss_sum)}
         if config.max_grad_norm:
             record["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm))
@@ -327,7 +330,8 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        record.update({"lr": self.scheduler.get_last_lr()[0], "epoch": self.epoch, "tokens": tokens})
+        record.update({"lr": self.scheduler.get_last_lr()[0], "epoch": self.epoch, "tokens": tokens,
+                       "examples": examples})
         return record
 
     def _track_best(self, evaluation: dict[str, float]) -> bool:

@@ -1,0 +1,81 @@
+"""Sequence classification: single texts or pairs, single-label (softmax) or multi-label (sigmoid), and
+multi-task models (one prediction per head)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from .pipeline import TaskPipeline, softmax
+
+
+@dataclass
+class ClassPrediction:
+    """The predicted label(s) of one text and every label's probability."""
+
+    label: str | list[str]  # single-label: the most probable label; multi-label: every label over the threshold
+    score: float  # probability of ``label`` (multi-label: of the most probable label)
+    scores: dict[str, float]
+
+
+def is_multi_label(config) -> bool:
+    return config.problem_type == "multi_label_classification"
+
+
+def predictions_from_logits(logits: np.ndarray, labels: Sequence[str], multi_label: bool,
+                            threshold: float = 0.5) -> list[ClassPrediction]:
+    if multi_label:
+        probabilities = 1.0 / (1.0 + np.exp(-logits))
+        chosen = [[labels[i] for i in np.flatnonzero(row >= threshold)] for row in probabilities]
+    else:
+        probabilities = softmax(logits)
+        chosen = [labels[int(i)] for i in probabilities.argmax(axis=1)]
+    return [ClassPrediction(label, float(row.max()), {name: float(p) for name, p in zip(labels, row)})
+            for label, row in zip(chosen, probabilities)]
+
+
+class Classifier(TaskPipeline):
+    """``Classifier.from_pretrained(dir)(texts, pairs)`` -> one ClassPrediction per text (or, for a
+    multi-task model, a dict of them by head)."""
+
+    tasks = ("sequence-classification", "multitask")
+
+    def logits(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> np.ndarray | dict[str, np.ndarray]:
+        """Raw scores: (texts, labels), or {head: (texts, labels)} for a multi-task model."""
+        if isinstance(texts, str):
+            raise InputError("pass a list of texts")
+        if not texts:
+            return np.zeros((0, self.config.num_labels), dtype=np.float32)
+        encodings = self.tokenizer.encode_raw(texts, pairs, max_length=self.max_length)
+        ids, types = [e.ids for e in encodings], [e.type_ids for e in encodings]
+        pooler = self.model.encoder.pooler
+        heads = self.model.heads if self.model.task == "multitask" else {"": self.model.classifier}
+        out = {name: np.zeros((len(texts), len(self._labels(name))), dtype=np.float32) for name in heads}
+        with torch.inference_mode():
+            for indices, hidden, batch in self._encode(ids, types):
+                first = hidden.index_select(0, batch.cu_seqlens[:-1]).unsqueeze(1)  # [CLS] as (batch, 1, hidden)
+                pooled = pooler(first) if pooler is not None else None
+                for name, head in heads.items():
+                    out[name][indices] = head(first, pooled).float().numpy()
+        return out[""] if "" in out else out
+
+    def _labels(self, head: str) -> list[str]:
+        if head:
+            return list(self.model.head_specs[head].labels)
+        return self.config.labels
+
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None, *,
+                 threshold: float = 0.5) -> list[ClassPrediction] | list[dict[str, ClassPrediction]]:
+        if isinstance(texts, str):
+            texts = [texts]
+            pairs = [pairs] if isinstance(pairs, str) else pairs
+        logits = self.logits(texts, pairs)
+        if isinstance(logits, dict):
+            per_head = {name: predictions_from_logits(values, self._labels(name),
+                                                      self.model.head_specs[name].multi_label, threshold)
+                        for name, values in logits.items()}
+            return [{name: per_head[name][row] for name in per_head} for row in range(len(texts))]
+        return predictions_from_logits(logits, self.config.labels, is_multi_label(self.config), threshold)

@@ -1,0 +1,91 @@
+"""What every task pipeline shares: loading a fine-tuned directory, and running its encoder on the
+packed fast path (texts tokenised once, sorted by length, no FLOP spent on padding).
+
+A fine-tuned directory restores everything a pipeline needs: the head and labels (config.json's
+``architectures`` and ``id2label``), the tokenizer files, and encoderkit's task settings (config.json's
+``"encoderkit"`` section: max length, doc stride, CRF, multi-task heads).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..modeling.fast import FastEncoder, PackedBatch
+from ..modeling.models import task_settings
+from ..precision import resolve_dtype
+from ..tokenizer import Tokenizer
+
+DEFAULT_TOKEN_BUDGET = {torch.float32: 4096, torch.bfloat16: 8192}
+
+
+class TaskPipeline:
+    """Base of the task pipelines: a task model, its tokenizer, and a fast (packed, optionally bf16) encoder."""
+
+    tasks: tuple[str, ...] = ()  # the model tasks this pipeline runs
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, dtype: str | torch.dtype = "fp32",
+                 max_length: int | None = None, token_budget: int | None = None) -> None:
+        if getattr(model, "task", None) not in self.tasks:
+            raise InputError(f"{type(self).__name__} needs a model for {' or '.join(self.tasks)}, but this one is "
+                             f"for {getattr(model, 'task', type(model).__name__)}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.settings = task_settings(model.config)
+        self.dtype = resolve_dtype(dtype)
+        wanted = max_length or self.settings.get("max_length") or tokenizer.model_max_length
+        self.max_length = min(int(wanted), model.config.max_sequence_length)
+        self.token_budget = max(token_budget or DEFAULT_TOKEN_BUDGET[self.dtype], self.max_length)
+        self.fast = FastEncoder(model.encoder, self.dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **options: Any) -> "TaskPipeline":
+        from ..checkpoints import load_model
+        from ..hub import resolve_model
+
+        resolved = resolve_model(path)
+        model = load_model(resolved.root)
+        if model.task not in cls.tasks:
+            raise InputError(f"{resolved.root} holds a {model.task} model; {cls.__name__} needs one fine-tuned for "
+                             f"{' or '.join(cls.tasks)} (see `encoderkit finetune`)")
+        return cls(model, Tokenizer.from_pretrained(resolved.tokenizer_dir), **options)
+
+    def _encode(self, ids: list[list[int]], types: list[list[int]] | None
+                ) -> Iterator[tuple[np.ndarray, torch.Tensor, PackedBatch]]:
+        """Packed fp32 token states of many sequences (see ``FastEncoder.run``), outside any autocast."""
+        if self.config.type_vocab_size < 2:  # RoBERTa/DistilBERT: one segment embedding (or none) whatever the tokenizer says
+            types = None
+        with torch.autocast("cpu", enabled=False):
+            yield from self.fast.run(ids, types, token_budget=self.token_budget)
+
+
+def split_packed(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
+    """Per-sequence slices of packed per-token values."""
+    return list(values.split(batch.lengths.tolist()))
+
+
+def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=axis, keepdims=True))
+    return shifted / shifted.sum(axis=axis, keepdims=True)
+
+
+def load_pipeline(path: str | Path, **options: Any) -> TaskPipeline:
+    """The pipeline a fine-tuned directory was made for (classification, NER or QA; fill-mask for MLMs)."""
+    from ..checkpoints import load_model
+    from ..hub import resolve_model
+    from .classify import Classifier
+    from .ner import EntityRecognizer
+    from .qa import QuestionAnswerer
+
+    resolved = resolve_model(path)
+    model = load_model(resolved.root)
+    tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
+    for pipeline in (Classifier, EntityRecognizer, QuestionAnswerer):
+        if model.task in pipeline.tasks:
+            return pipeline(model, tokenizer, **options)
+    raise InputError(f"{resolved.root} is a {model.task} model, not a fine-tuned classifier, NER tagger or QA model; "
+                     "for masked-LM models use `encoderkit fill-mask`, for encoders `encoderkit embed`")
