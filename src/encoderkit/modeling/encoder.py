@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
-from .attention import SelfAttention, padding_bias
+from .attention import SelfAttention, check_attention_bias, combine_biases, padding_bias
 from .embeddings import Embeddings
 
 
@@ -115,9 +115,16 @@ class EncoderModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        *,
+        attention_bias: torch.Tensor | None = None,
     ) -> EncoderOutput:
+        """``attention_bias``: an optional additive mask of shape (batch or 1, heads or 1, queries, keys), added
+        to the padding mask in every layer (e.g. ``attention.causal_bias`` for a left-to-right mask)."""
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         bias = padding_bias(attention_mask, x.dtype)
+        if attention_bias is not None:
+            check_attention_bias(attention_bias, *input_ids.shape, self.config.num_attention_heads)
+            bias = combine_biases(bias, attention_bias.to(x.dtype))
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for index in self.layer_schedule():
