@@ -92,9 +92,43 @@ def render_pretrain_run(r: dict[str, Any]) -> list[str]:
             "", f"![loss curve]({r['plot']})", ""]
 
 
+def render_attention_heads(r: dict[str, Any]) -> list[str]:
+    s, a = r["statistics"], r["antecedents"]
+    lines = ["## Attention heads of all-MiniLM-L6-v2 (`bench/attention_heads.py`)", "", _machine(r), "",
+             f"Where each head attends, averaged over the tokens of each of {s['texts']:,} texts of "
+             f"`../shared/bench/sentences.txt` ({s['mean_tokens']:.1f} tokens on average, at most {s['max_length']}), "
+             "then over texts; layer-head numbered from 0. Entropy of uniform attention: "
+             f"{s['uniform_entropy']:.2f} nats.", ""]
+    lines += _table(["attention to", "mean over heads", "top heads (layer-head: share)"], [
+        [row["category"], f"{row['mean']:.3f}", ", ".join(f"{t['layer']}-{t['head']}: {t['value']:.3f}"
+                                                            for t in row["top"])] for row in s["rows"]])
+    lines += ["", f"Pronoun -> antecedent on the {a['examples']} hand-written examples of "
+              "`tests/data/pronoun_antecedents.jsonl` (" + ", ".join(f"{n} {k}" for k, n in a["kinds"].items())
+              + f"), {a['heads']} heads ranked by candidate accuracy (the antecedent gets more attention than the "
+              f"distractor). Chance: {100 * a['candidate_chance']:.0f}%; the candidate nearest before the pronoun: "
+              f"{100 * a['nearest_candidate_accuracy']:.1f}%; a random word as argmax: "
+              f"{100 * a['random_word_chance']:.1f}%.", ""]
+    headers = ["head", "candidate accuracy", "winograd", "agreement", "argmax accuracy", "attention (x chance)"]
+    lines += _table(headers, [
+        [f"{row['layer']}-{row['head']}", f"{100 * row['candidate_accuracy']:.1f}%",
+         f"{100 * row['candidate_accuracy_by_kind']['winograd']:.1f}%",
+         f"{100 * row['candidate_accuracy_by_kind']['agreement']:.1f}%", f"{100 * row['accuracy']:.1f}%",
+         f"{row['mean_attention']:.3f} ({row['attention_lift']:.1f}x)"] for row in a["rows"]])
+    best = a["rows"][0]
+    lines += ["", f"Head chosen leave-one-out: candidate accuracy {100 * a['leave_one_out_candidate_accuracy']:.1f}%, "
+              f"argmax accuracy {100 * a['leave_one_out_argmax_accuracy']:.1f}%. The best of {a['heads']} heads that "
+              f"guessed at random would reach the top score with probability {a['p_best_of_coin_flip_heads']:.2f}. "
+              f"Head {best['layer']}-{best['head']} attends most to one of the two candidates in "
+              f"{100 * a['best_head_picks_a_candidate']:.0f}% of the examples, but is right on both sentences of only "
+              f"{a['best_head_winograd_pairs_both_right']} of {a['winograd_pairs']} Winograd pairs.", "",
+              "![head statistics](bench/results/attention/head_statistics.png)",
+              "![antecedent heads](bench/results/attention/antecedent_heads.png)", ""]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "encode": render_encode, "search": render_search, "pretrain": render_pretrain,
-    "pretrain_run": render_pretrain_run}
+    "pretrain_run": render_pretrain_run, "attention_heads": render_attention_heads}
 
 
 def main() -> None:

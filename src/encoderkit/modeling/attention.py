@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
+from ..errors import InputError
 
 
 def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -29,6 +30,32 @@ def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> tor
     bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
     return bias.masked_fill(~keep, torch.finfo(dtype).min)
 
+
+def causal_bias(length: int, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
+    """An additive (1, 1, length, length) mask that lets query i see keys 0..i only (a decoder's mask).
+
+    The encoders here are bidirectional; this exists to show what a left-to-right mask changes.
+    """
+    above_diagonal = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+    bias = torch.zeros(length, length, dtype=dtype, device=device).masked_fill(above_diagonal, torch.finfo(dtype).min)
+    return bias[None, None]
+
+
+def check_attention_bias(bias: torch.Tensor, batch: int, length: int, heads: int) -> None:
+    """InputError unless ``bias`` has shape (batch or 1, heads or 1, length, length)."""
+    shape = tuple(bias.shape)
+    if len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads) or shape[2:] != (length, length):
+        raise InputError(f"attention_bias must have shape (batch or 1, heads or 1, {length}, {length}), found {shape}")
+
+
+def combine_biases(padding: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor | None:
+    """The sum of two additive masks, clamped at the dtype's minimum: two masked entries would overflow to
+    -inf, and a row of -inf gives NaN probabilities where one of the minimum stays finite."""
+    if extra is None:
+        return padding
+    if padding is None:
+        return extra
+    return (padding + extra).clamp(min=torch.finfo(padding.dtype).min)
 
 @dataclass
 class Unpadding:

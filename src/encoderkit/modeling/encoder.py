@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
-from .attention import SelfAttention, Unpadding, padding_bias
+from .attention import SelfAttention, Unpadding, check_attention_bias, combine_biases, padding_bias
 from .embeddings import Embeddings
 
 
@@ -116,9 +116,14 @@ class EncoderModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        *,
+        attention_bias: torch.Tensor | None = None,
     ) -> EncoderOutput:
+        """``attention_bias``: an optional additive mask of shape (batch or 1, heads or 1, queries, keys), added
+        to the padding mask in every layer (e.g. ``attention.causal_bias`` for a left-to-right mask)."""
         unpadding = None
-        if attention_mask is not None and not output_attentions and _worth_unpadding(attention_mask):
+        if (attention_mask is not None and attention_bias is None and not output_attentions
+                and _worth_unpadding(attention_mask)):
             # Unpad once here, run every layer's dense products on real tokens only, re-pad once at the end.
             unpadding = Unpadding.from_mask(attention_mask, self.embeddings.word.weight.dtype)
             if position_ids is None:
@@ -127,6 +132,9 @@ class EncoderModel(nn.Module):
             input_ids, position_ids = unpadding.unpad(input_ids), unpadding.unpad(position_ids)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         bias = None if unpadding is not None else padding_bias(attention_mask, x.dtype)
+        if attention_bias is not None:
+            check_attention_bias(attention_bias, *input_ids.shape, self.config.num_attention_heads)
+            bias = combine_biases(bias, attention_bias.to(x.dtype))
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for index in self.layer_schedule():

@@ -1,0 +1,268 @@
+"""Fine-tuning: every task's output directory loads in transformers with the same logits; multi-task,
+CRF, best-model keeping, early stopping; malformed data fails naming the file and the row."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from encoderkit import DataError, load_model
+from encoderkit.training.finetune import Recipe, evaluate_model, finetune
+
+from helpers import tiny_bert_dir
+from test_errors import assert_one_line_error, run_cli
+
+transformers = pytest.importorskip("transformers")
+
+FAST = dict(epochs=8, batch_size=8, learning_rate=2e-3, show_progress=False, seed=0)
+POSITIVE = ["great", "wonderful", "superb", "lovely", "brilliant"]
+NEGATIVE = ["awful", "dreadful", "boring", "terrible", "dull"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, minilm_dir) -> Path:
+    return tiny_bert_dir(tmp_path_factory.mktemp("tiny"), minilm_dir)
+
+
+def sentiment_rows(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        label = rng.choice(["pos", "neg"])
+        word = rng.choice(POSITIVE if label == "pos" else NEGATIVE)
+        rows.append((f"the film was {word} and the cast {rng.choice(['agreed', 'too'])}", label))
+    return rows
+
+
+def write_csv(path: Path, rows, header=("text", "label")) -> Path:
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def write_conll(path: Path, count: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    names, places = ["Peter Blackburn", "Anna Smith", "Jo Lee"], ["Brussels", "New York", "Reykjavik"]
+    lines = []
+    for index in range(count):
+        if index % 10 == 0:
+            lines += ["-DOCSTART- -X- O O", ""]
+        name, place = rng.choice(names).split(), rng.choice(places).split()
+        words = name + ["visited"] + place + ["."]
+        tags = ["I-PER"] * len(name) + ["O"] + ["I-LOC"] * len(place) + ["O"]
+        lines += [f"{w} NNP I-NP {t}" for w, t in zip(words, tags)] + [""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_squad(path: Path, count: int) -> Path:
+    paragraphs = []
+    for index in range(count):
+        city = ["Paris", "Oslo", "Lima", "Cairo"][index % 4]
+        context = f"Report {index}. The meeting took place in {city} last year, and many people came."
+        paragraphs.append({"context": context, "qas": [{"id": f"q{index}", "question": "Where was the meeting?",
+                                                        "answers": [{"text": city, "answer_start": context.index(city)}]}]})
+    data = {"version": "1.1", "data": [{"title": f"t{i}", "paragraphs": paragraphs[i::4]} for i in range(4)]}
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def hf_and_our_outputs(out: Path, auto_class, texts, pairs=None):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    inputs = tokenizer(texts, pairs, padding=True, return_tensors="pt")
+    reference = auto_class.from_pretrained(out, attn_implementation="eager").eval()
+    ours = load_model(out)
+    with torch.no_grad():
+        return reference(**inputs), ours(**inputs), inputs["attention_mask"].bool()
+
+
+def test_classification_output_loads_in_transformers(tmp_path, tiny) -> None:
+    rows = [(t, t[::-1], label) for t, label in sentiment_rows(120)]
+    train = write_csv(tmp_path / "train.csv", rows, header=("sentence1", "sentence2", "label"))
+    result = finetune("pair", train, tmp_path / "out", model=tiny, recipe=Recipe(**FAST))
+    assert result.metrics["accuracy"] >= 0.8  # the sentiment word decides the label: it is learnable
+    assert json.loads((tmp_path / "out" / "eval_results.json").read_text())["metrics"] == result.metrics
+    want, got, _ = hf_and_our_outputs(tmp_path / "out", transformers.AutoModelForSequenceClassification,
+                                      [r[0] for r in rows[:5]], [r[1] for r in rows[:5]])
+    assert (want.logits - got.logits).abs().max() <= 1e-5
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"} and config["architectures"] == ["BertForSequenceClassification"]
+    # Rerunning the finished command resumes from its last checkpoint: nothing left to train.
+    again = finetune("pair", train, tmp_path / "out", model=tiny, recipe=Recipe(**FAST))
+    assert again.steps == result.steps and again.metrics == result.metrics
+
+
+def test_multilabel_uses_sigmoid_and_micro_f1(tmp_path, tiny) -> None:
+    rng = random.Random(1)
+    lines = []
+    for _ in range(80):
+        labels = [t for t in ("sport", "money", "rain") if rng.random() < 0.5] or ["rain"]
+        text = " ".join({"sport": "goal match", "money": "bank shares", "rain": "cloud storm"}[t] for t in labels)
+        lines.append(json.dumps({"text": f"news: {text}", "labels": labels}))
+    (tmp_path / "train.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    result = finetune("multilabel", tmp_path / "train.jsonl", tmp_path / "out", model=tiny,
+                      recipe=Recipe(**FAST))
+    assert set(result.metrics) == {"micro_f1", "macro_f1", "subset_accuracy"} and result.metrics["micro_f1"] > 0.7
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["problem_type"] == "multi_label_classification"
+    from encoderkit.tasks.classify import Classifier
+
+    prediction = Classifier.from_pretrained(tmp_path / "out")(["news: goal match bank shares"])[0]
+    assert isinstance(prediction.label, list) and abs(sum(prediction.scores.values()) - 1) > 1e-3  # not a softmax
+
+
+@pytest.mark.parametrize("crf", [False, True])
+def test_ner_output_loads_in_transformers(tmp_path, tiny, crf) -> None:
+    train = write_conll(tmp_path / "train.conll", 80)
+    result = finetune("ner", train, tmp_path / "out", model=tiny, recipe=Recipe(**{**FAST, "crf": crf}))
+    assert set(result.metrics) >= {"precision", "recall", "f1", "PER_f1", "LOC_f1"}
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["id2label"] == {"0": "O", "1": "B-LOC", "2": "I-LOC", "3": "B-PER", "4": "I-PER"}  # IOB1 -> IOB2
+    assert (tmp_path / "out" / "encoderkit_extra.safetensors").exists() == crf
+    want, got, real = hf_and_our_outputs(tmp_path / "out", transformers.AutoModelForTokenClassification,
+                                         ["Anna Smith visited Oslo .", "Jo Lee visited New York ."])
+    assert (want.logits - got.logits)[real].abs().max() <= 1e-5
+    if crf:  # the CRF's transitions were trained and saved beside the transformers weights
+        assert got is not None and load_model(tmp_path / "out").crf.transitions.abs().sum() > 0
+        assert evaluate_model(tmp_path / "out", train)["f1"] == pytest.approx(
+            finetune_metrics_on(tmp_path / "out", train))
+
+
+def finetune_metrics_on(model_dir: Path, data: Path) -> float:
+    """Entity F1 computed here from the tagger's word tags and the gold file, independently of evaluate."""
+    from encoderkit.data.tasks import iob1_to_iob2, read_conll
+    from encoderkit.metrics import entity_scores
+    from encoderkit.tasks.ner import EntityRecognizer
+
+    sentences = read_conll(data)
+    tagged = EntityRecognizer.from_pretrained(model_dir).tag_words([s.tokens for s in sentences])
+    return entity_scores([iob1_to_iob2(s.tags) for s in sentences], [t.tags for t in tagged])["f1"]
+
+
+def test_qa_output_loads_in_transformers(tmp_path, tiny) -> None:
+    train = write_squad(tmp_path / "train.json", 40)
+    result = finetune("qa", train, tmp_path / "out", model=tiny,
+                      recipe=Recipe(**{**FAST, "max_length": 48, "doc_stride": 16}))
+    assert set(result.metrics) == {"exact_match", "f1"}
+    want, got, real = hf_and_our_outputs(tmp_path / "out", transformers.AutoModelForQuestionAnswering,
+                                         ["Where was it?"], ["It was in Lima, a city in Peru."])
+    assert (want.start_logits - got.start_logits)[real].abs().max() <= 1e-5
+    assert (want.end_logits - got.end_logits)[real].abs().max() <= 1e-5
+    settings = json.loads((tmp_path / "out" / "config.json").read_text())["encoderkit"]
+    assert settings == {"task": "qa", "max_length": 48, "doc_stride": 16, "max_answer_length": 30}
+
+
+def test_multitask_shares_one_encoder(tmp_path, tiny) -> None:
+    sentiment = write_csv(tmp_path / "sentiment.csv", sentiment_rows(60))
+    topic_rows = [(f"the {w} was discussed", "sport" if w in ("match", "goal") else "money")
+                  for w in ["match", "goal", "bank", "shares"] * 15]
+    topic = write_csv(tmp_path / "topic.csv", topic_rows, header=("text", "category"))
+    result = finetune("multitask", {"sentiment": sentiment, "topic": topic}, tmp_path / "out", model=tiny,
+                      heads={"sentiment": "classify", "topic": "classify"}, recipe=Recipe(**FAST))
+    assert {"sentiment_accuracy", "topic_accuracy", "mean"} <= set(result.metrics)
+    # transformers sees the shared encoder as a BertModel; the heads are in encoderkit_extra.safetensors
+    reference = transformers.AutoModel.from_pretrained(tmp_path / "out").eval()
+    ours = load_model(tmp_path / "out")
+    assert ours.task == "multitask" and set(ours.heads) == {"sentiment", "topic"}
+    ids = torch.tensor([[101, 1996, 2674, 102]])
+    with torch.no_grad():
+        assert (reference(input_ids=ids).last_hidden_state - ours(ids).last_hidden_state).abs().max() <= 1e-5
+    from encoderkit.tasks.classify import Classifier
+
+    prediction = Classifier.from_pretrained(tmp_path / "out")(["the goal was discussed"])[0]
+    assert set(prediction) == {"sentiment", "topic"} and prediction["topic"].label in ("sport", "money")
+    scores = evaluate_model(tmp_path / "out", {"sentiment": sentiment, "topic": topic},
+                            head_columns={"topic": {"label_column": "category"}})
+    assert 0.0 <= scores["mean"] <= 1.0
+
+
+def test_trainer_keeps_the_best_model_and_stops_early(tmp_path, tiny) -> None:
+    """A scripted metric rises, then falls: best/ holds the weights of the best evaluation, and training
+    stops after `patience` evaluations without improvement."""
+    from encoderkit.data.features import collate
+    from encoderkit.training import Trainer, TrainingConfig
+
+    model = load_model(tiny, task="sequence-classification", labels=["a", "b"])
+    features = [{"input_ids": [101, 2000 + i, 102], "token_type_ids": [0, 0, 0], "labels": i % 2} for i in range(16)]
+    scores = iter([0.5, 0.9, 0.7, 0.6, 0.95, 0.99])
+    snapshots = {}
+
+    def evaluate(current):
+        snapshots[len(snapshots) + 1] = current.classifier.out.weight.detach().clone()
+        return {"accuracy": next(scores)}
+
+    config = TrainingConfig(output_dir=str(tmp_path / "run"), max_steps=12, batch_size=8, eval_every=2,
+                            metric_for_best="accuracy", early_stopping_patience=2, show_progress=False,
+                            drop_last=False, group_by_length=True)
+    trainer = Trainer(model, config, features, lambda items, epoch: collate(items, 0), evaluate=evaluate,
+                      lengths=[3] * 16)
+    outcome = trainer.train()
+    assert outcome["step"] == 8 and outcome["best_step"] == 4 and outcome["best_metric"] == 0.9
+    best = load_model(tmp_path / "run" / "best")
+    assert torch.equal(best.classifier.out.weight, snapshots[2])
+    assert trainer.optimizer.defaults.get("fused") is True  # one fused AdamW kernel
+
+
+def test_length_grouped_order() -> None:
+    from encoderkit.training.trainer import length_grouped
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, 1000)
+    order = length_grouped(rng.permutation(1000), lengths, 32, rng)
+    assert sorted(order.tolist()) == list(range(1000))  # a permutation
+    batches = [order[i:i + 32] for i in range(0, 1000, 32)]
+    assert lengths[batches[0]].max() == lengths.max()  # the longest batch first
+    assert len(batches[-1]) == 1000 % 32  # the short remainder last
+    spread = np.mean([np.ptp(lengths[b]) for b in batches[:-1]])
+    random_spread = np.mean([np.ptp(lengths[b]) for b in np.split(rng.permutation(1000)[:992], 31)])
+    assert spread < random_spread / 5
+
+
+# ----- malformed data: one line naming the file and the row -------------------------------------
+def test_missing_label_column(tmp_path, tiny) -> None:
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(10), header=("text", "sentiment"))
+    result = run_cli("finetune", "--task", "classify", "--train", str(train), "--model", str(tiny),
+                     "--out", str(tmp_path / "o"))
+    assert_one_line_error(result, "train.csv:1", "no label column", "--label-column")
+
+
+def test_unknown_label_in_validation(tmp_path, tiny) -> None:
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(10))
+    valid = write_csv(tmp_path / "valid.csv", [("fine", "pos"), ("meh", "neutral")])
+    result = run_cli("finetune", "--task", "classify", "--train", str(train), "--valid", str(valid),
+                     "--model", str(tiny), "--out", str(tmp_path / "o"))
+    assert_one_line_error(result, "valid.csv:3", "'neutral' does not occur in the training data")
+
+
+def test_empty_file(tmp_path, tiny) -> None:
+    (tmp_path / "train.csv").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match="train.csv is empty"):
+        finetune("classify", tmp_path / "train.csv", tmp_path / "o", model=tiny, recipe=Recipe(**FAST))
+    (tmp_path / "header.csv").write_text("text,label\n", encoding="utf-8")
+    with pytest.raises(DataError, match="header.csv holds no examples"):
+        finetune("classify", tmp_path / "header.csv", tmp_path / "o", model=tiny, recipe=Recipe(**FAST))
+
+
+def test_label_column_with_mixed_types(tmp_path, tiny) -> None:
+    (tmp_path / "train.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": "positive"}\n',
+                                          encoding="utf-8")
+    result = run_cli("finetune", "--task", "classify", "--train", str(tmp_path / "train.jsonl"),
+                     "--model", str(tiny), "--out", str(tmp_path / "o"))
+    assert_one_line_error(result, "train.jsonl:2", "mixes integer ids and names")
+
+
+def test_qa_answer_not_in_context(tmp_path, tiny) -> None:
+    data = json.loads(write_squad(tmp_path / "train.json", 8).read_text())
+    data["data"][1]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] += 3
+    (tmp_path / "train.json").write_text(json.dumps(data), encoding="utf-8")
+    result = run_cli("finetune", "--task", "qa", "--train", str(tmp_path / "train.json"), "--model", str(tiny),
+                     "--out", str(tmp_path / "o"))
+    assert_one_line_error(result, "train.json", "question q1", "is not at character")
