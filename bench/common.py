@@ -70,3 +70,50 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared fine-tuned models (cached; the evaluations of issue 6 need a real SST-2 classifier)
+# ---------------------------------------------------------------------------------------------
+CACHE = Path(os.environ.get("ENCODERKIT_BENCH_CACHE", ROOT / "bench" / ".cache"))
+SST2_SUBSET, SST2_SEED = 20_000, 0
+
+
+def sst2_rows(seed: int = SST2_SEED, count: int = SST2_SUBSET) -> list[tuple[str, str]]:
+    """A seeded subset of ../shared/data/sst2/train.tsv as (text, label) rows: the benchmarks' SST-2 data."""
+    import numpy as np
+
+    lines = require(SHARED / "data" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    rows = [tuple(part.strip() for part in line.split("\t")) for line in lines]
+    order = np.random.default_rng(seed).permutation(len(rows))[:count]
+    return [rows[i] for i in order]
+
+
+def sst2_heldout(count: int = 2000, seed: int = SST2_SEED) -> list[tuple[str, str]]:
+    """SST-2 rows outside the benchmark subset (never trained on): for clean evaluation sets."""
+    import numpy as np
+
+    lines = require(SHARED / "data" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    rows = [tuple(part.strip() for part in line.split("\t")) for line in lines]
+    order = np.random.default_rng(seed).permutation(len(rows))[SST2_SUBSET:SST2_SUBSET + count]
+    return [rows[i] for i in order]
+
+
+def write_tsv(path: Path, rows: list[tuple[str, str]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("text\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in rows), encoding="utf-8")
+    return path
+
+
+def sst2_classifier() -> Path:
+    """all-MiniLM-L6-v2 fine-tuned on the SST-2 subset (1 epoch, bf16 autocast, seed 42), trained once and
+    cached in ``$ENCODERKIT_BENCH_CACHE/sst2-classifier`` (default bench/.cache): an HF directory."""
+    from encoderkit.training.finetune import Recipe, finetune
+
+    out = CACHE / "sst2-classifier"
+    if (out / "model.safetensors").is_file() and (out / "eval_results.json").is_file():
+        return out
+    train = write_tsv(CACHE / "sst2-subset.tsv", sst2_rows())
+    result = finetune("classify", train, out, recipe=Recipe(epochs=1, bf16=True))
+    print(f"trained the shared SST-2 classifier: {result.metrics} -> {out}")
+    return out
