@@ -165,3 +165,18 @@ def test_best_spans_equal_a_brute_force_search() -> None:
     best = max(spans, key=lambda c: c.logit)
     assert best.logit == pytest.approx(brute[0]) and (best.start, best.end) == (offsets[brute[1]][0], offsets[brute[2]][1])
     assert all(c.end > c.start for c in spans)  # end >= start, within the context
+
+
+def test_classifier_features_equal_the_encoder_states(tmp_path, minilm_dir) -> None:
+    path = small_model_dir(tmp_path, minilm_dir, "bert", "sequence-classification", ["a", "b"])
+    classifier = Classifier.from_pretrained(path)
+    logits, features = classifier.logits_and_features(TEXTS, features=("cls", "mean", "pooled"))
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    inputs = transformers.AutoTokenizer.from_pretrained(path)(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = reference(**inputs, output_hidden_states=True)
+    last, mask = out.hidden_states[-1], inputs["attention_mask"].unsqueeze(-1).float()
+    assert np.abs(features["cls"] - last[:, 0].numpy()).max() < 1e-5
+    assert np.abs(features["mean"] - ((last * mask).sum(1) / mask.sum(1)).numpy()).max() < 1e-5
+    assert np.abs(features["pooled"] - reference.bert.pooler(last).numpy()).max() < 1e-5
+    assert np.abs(logits - out.logits.numpy()).max() < 1e-5

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..modeling.fast import pool_packed
 from .pipeline import TaskPipeline, softmax
 
 
@@ -45,22 +46,41 @@ class Classifier(TaskPipeline):
 
     def logits(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> np.ndarray | dict[str, np.ndarray]:
         """Raw scores: (texts, labels), or {head: (texts, labels)} for a multi-task model."""
+        return self.logits_and_features(texts, pairs, features=())[0]
+
+    def logits_and_features(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
+                            features: Sequence[str] = ("cls", "mean")
+                            ) -> tuple[np.ndarray | dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Raw scores and, in one pass, encoder features of each text: "cls" (the final [CLS] state),
+        "mean" (mean of the final token states), "pooled" (the family's pooler output, where it has one);
+        each (texts, hidden) float32. For detectors that work on the classifier's own representation."""
         if isinstance(texts, str):
             raise InputError("pass a list of texts")
-        if not texts:
-            return np.zeros((0, self.config.num_labels), dtype=np.float32)
-        encodings = self.tokenizer.encode_raw(texts, pairs, max_length=self.max_length)
-        ids, types = [e.ids for e in encodings], [e.type_ids for e in encodings]
+        unknown = set(features) - {"cls", "mean", "pooled"}
+        if unknown:
+            raise InputError(f"unknown features {sorted(unknown)}; choose from cls, mean, pooled")
         pooler = self.model.encoder.pooler
+        if "pooled" in features and pooler is None:
+            raise InputError(f"{self.config.model_type} has no pooler; use the cls or mean features")
         heads = self.model.heads if self.model.task == "multitask" else {"": self.model.classifier}
         out = {name: np.zeros((len(texts), len(self._labels(name))), dtype=np.float32) for name in heads}
-        with torch.inference_mode():
-            for indices, hidden, batch in self._encode(ids, types):
-                first = hidden.index_select(0, batch.cu_seqlens[:-1]).unsqueeze(1)  # [CLS] as (batch, 1, hidden)
-                pooled = pooler(first) if pooler is not None else None
-                for name, head in heads.items():
-                    out[name][indices] = head(first, pooled).float().numpy()
-        return out[""] if "" in out else out
+        found = {name: np.zeros((len(texts), self.config.hidden_size), dtype=np.float32) for name in features}
+        if texts:
+            encodings = self.tokenizer.encode_raw(texts, pairs, max_length=self.max_length)
+            ids, types = [e.ids for e in encodings], [e.type_ids for e in encodings]
+            with torch.inference_mode():
+                for indices, hidden, batch in self._encode(ids, types):
+                    first = hidden.index_select(0, batch.cu_seqlens[:-1]).unsqueeze(1)  # [CLS] as (batch, 1, hidden)
+                    pooled = pooler(first) if pooler is not None else None
+                    for name, head in heads.items():
+                        out[name][indices] = head(first, pooled).float().numpy()
+                    if "cls" in found:
+                        found["cls"][indices] = first[:, 0].numpy()
+                    if "pooled" in found:
+                        found["pooled"][indices] = pooled.numpy()
+                    if "mean" in found:
+                        found["mean"][indices] = pool_packed(hidden, batch, "mean").numpy()
+        return (out[""] if "" in out else out), found
 
     def _labels(self, head: str) -> list[str]:
         if head:
