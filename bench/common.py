@@ -106,14 +106,16 @@ def write_tsv(path: Path, rows: list[tuple[str, str]]) -> Path:
 
 
 def sst2_classifier() -> Path:
-    """all-MiniLM-L6-v2 fine-tuned on the SST-2 subset (1 epoch, bf16 autocast, seed 42), trained once and
-    cached in ``$ENCODERKIT_BENCH_CACHE/sst2-classifier`` (default bench/.cache): an HF directory."""
+    """all-MiniLM-L6-v2 fine-tuned on the SST-2 subset (1 epoch, seed 42; bf16 autocast only where the CPU has
+    native bf16), trained once and cached in ``$ENCODERKIT_BENCH_CACHE/sst2-classifier`` (default
+    bench/.cache): an HF directory."""
+    from encoderkit.precision import cpu_has_native_bf16
     from encoderkit.training.finetune import Recipe, finetune
 
     out = CACHE / "sst2-classifier"
     if (out / "model.safetensors").is_file() and (out / "eval_results.json").is_file():
         return out
     train = write_tsv(CACHE / "sst2-subset.tsv", sst2_rows())
-    result = finetune("classify", train, out, recipe=Recipe(epochs=1, bf16=True))
+    result = finetune("classify", train, out, recipe=Recipe(epochs=1, bf16=cpu_has_native_bf16()))
     print(f"trained the shared SST-2 classifier: {result.metrics} -> {out}")
     return out
