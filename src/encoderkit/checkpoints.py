@@ -232,7 +232,8 @@ def read_state_dict(directory: Path, allow_pickle: bool = False) -> dict[str, to
 # ---------------------------------------------------------------------------------------------
 # Load / save
 # ---------------------------------------------------------------------------------------------
-def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> None:
+def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "checkpoint",
+               new_head_expected: bool = False) -> None:
     """Copy transformers-named tensors into ``model``, strictly (see the module doc)."""
     config: EncoderConfig = model.config  # type: ignore[assignment]
     task_model = hasattr(model, "encoder")
@@ -300,7 +301,8 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
     if config.tie_word_embeddings and hasattr(model, "mlm_head"):
         model.mlm_head.decoder.weight = model.encoder.embeddings.word.weight
     if fresh:
-        log.warning("%s: newly initialised (not in the checkpoint; train before use): %s", source, _names(fresh))
+        log.log(logging.INFO if new_head_expected else logging.WARNING,
+                "%s: newly initialised (not in the checkpoint; train before use): %s", source, _names(fresh))
     if dropped:
         log.info("%s: not used by this task and dropped: %s", source, _names(dropped))
 
@@ -318,11 +320,13 @@ def load_model(
     allow_pickle: bool = False,
     labels: list[str] | None = None,
     config: EncoderConfig | None = None,
+    new_head_expected: bool = False,
 ) -> nn.Module:
     """Load an HF-format model directory (or a sentence-transformers one) into encoderkit's model code.
 
     ``task`` picks the head ("base", "masked-lm", "sequence-classification", ...); None reads it from
     config.json's ``architectures``. ``labels`` sets the label names of a new classification head.
+    ``new_head_expected`` (fine-tuning): a head missing from the checkpoint is noted at INFO, not warned about.
     """
     from .hub import resolve_model
 
@@ -335,8 +339,8 @@ def load_model(
         task = task_from_architectures(config)
     model = build_model(config, task)
     state = read_state_dict(resolved.weights_dir, allow_pickle=allow_pickle)
-    load_state(model, state, source=str(resolved.weights_dir))
-    load_extra_state(model, resolved.weights_dir)
+    load_state(model, state, source=str(resolved.weights_dir), new_head_expected=new_head_expected)
+    load_extra_state(model, resolved.weights_dir, new_head_expected)
     if dtype is not None:
         model = model.to(dtype)
     model.eval()
@@ -347,7 +351,7 @@ def load_model(
 EXTRA_WEIGHTS = "encoderkit_extra.safetensors"
 
 
-def load_extra_state(model: nn.Module, directory: Path) -> None:
+def load_extra_state(model: nn.Module, directory: Path, new_head_expected: bool = False) -> None:
     """Load the tensors transformers has no names for (``model.extra_prefixes``) from EXTRA_WEIGHTS."""
     from safetensors.torch import load_file
 
@@ -357,8 +361,9 @@ def load_extra_state(model: nn.Module, directory: Path) -> None:
         return
     path = directory / EXTRA_WEIGHTS
     if not path.is_file():
-        log.warning("%s: newly initialised (no %s in the checkpoint; train before use): %s", directory,
-                    EXTRA_WEIGHTS, _names(sorted(expected)))
+        log.log(logging.INFO if new_head_expected else logging.WARNING,
+                "%s: newly initialised (no %s in the checkpoint; train before use): %s", directory,
+                EXTRA_WEIGHTS, _names(sorted(expected)))
         return
     try:
         state = load_file(str(path))

@@ -422,11 +422,16 @@ def qa(model, question, context, top_k) -> None:
 
 @cli.command()
 @click.option("--model", default=None, help=MODEL_HELP)
-def demo(model: str | None) -> None:
-    """Load the default model, show what it is, embed a few sentences and find nearest neighbours."""
-    from .jobs import run_demo
+@click.option("--out", "out_dir", default="demo-output/helpdesk-classifier", show_default=True,
+              help="where the demo's fine-tuned classifier is written")
+@click.option("--no-finetune", is_flag=True, help="only the embedding and search part")
+def demo(model: str | None, out_dir: str, no_finetune: bool) -> None:
+    """The default model: what it is, embeddings and nearest neighbours, then a fine-tuned intent classifier."""
+    from .jobs import run_demo, run_finetune_demo
 
     run_demo(model, echo=click.echo)
+    if not no_finetune:
+        run_finetune_demo(model, out_dir, echo=click.echo)
 
 
 # ---------------------------------------------------------------------------------------------

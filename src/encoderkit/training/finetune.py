@@ -436,7 +436,7 @@ def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: s
     config = kind.configure(dataclasses.replace(base_config, extra=dict(base_config.extra)), labels)
     config.extra["encoderkit"] = {"task": kind.name, "max_length": recipe.max_length, **kind.settings(recipe, labels)}
     torch.manual_seed(recipe.seed)  # the new head's initial weights
-    task_model = load_model(resolved.root, task=kind.model_task, config=config)
+    task_model = load_model(resolved.root, task=kind.model_task, config=config, new_head_expected=True)
     train_features = kind.features(tokenizer, train_examples, labels, recipe, True)
     world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     steps_per_epoch = math.ceil(len(train_features) / (recipe.batch_size * world_size))
