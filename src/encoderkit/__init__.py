@@ -13,13 +13,19 @@ from .modeling import (
     EncoderForTokenClassification,
     build_model,
 )
+from .tasks.classify import ClassPrediction, Classifier
 from .tasks.embed import Embedder
+from .tasks.ner import Entity, EntityRecognizer
+from .tasks.pipeline import load_pipeline
+from .tasks.qa import Answer, QuestionAnswerer
+from .training.finetune import FinetuneResult, Recipe, evaluate_model, finetune
 from .tokenizer import BatchEncoding, Encoded, Tokenizer, train_tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchEncoding", "CheckpointError", "ConfigError", "DataError", "Embedder", "Encoded", "Encoder",
+    "Answer", "BatchEncoding", "CheckpointError", "ClassPrediction", "Classifier", "Entity", "EntityRecognizer",
+    "FinetuneResult", "QuestionAnswerer", "Recipe", "evaluate_model", "finetune", "load_pipeline", "ConfigError", "DataError", "Embedder", "Encoded", "Encoder",
     "EncoderConfig", "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForQuestionAnswering",
     "EncoderForReplacedTokenDetection", "EncoderForSequenceClassification", "EncoderForTokenClassification",
     "EncoderkitError", "FAMILIES", "InputError", "PRESETS", "Tokenizer", "TokenizerError", "build_model",

@@ -409,12 +409,35 @@ def finetune(task: str | TaskKind, train: Any, out_dir: str | Path, *, valid: An
             torch.distributed.destroy_process_group()
 
 
-def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: str | Path | None, recipe: Recipe,
-              resume: bool) -> FinetuneResult:
-    from ..checkpoints import load_model, load_weights
+@dataclass
+class FinetuneSetup:
+    """Everything a fine-tuning run needs, ready to train: ``finetune`` runs it; a benchmark can drive
+    ``trainer.train_step()`` itself."""
+
+    kind: TaskKind
+    recipe: Recipe
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    train_examples: list
+    valid_examples: list
+    train_features: list[dict]
+    trainer: Trainer
+    out_dir: Path
+
+    def evaluate(self, model: torch.nn.Module | None = None, dtype: str | None = None) -> dict[str, float]:
+        """The task metrics of ``model`` (default: the one being trained) on the validation examples."""
+        dtype = dtype or ("bf16" if self.recipe.bf16 else "fp32")
+        return self.kind.evaluate(self.kind.pipeline(model or self.model, self.tokenizer, dtype), self.valid_examples)
+
+
+def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: Any = None,
+                     model: str | Path | None = None, recipe: Recipe | None = None) -> FinetuneSetup:
+    """Read and check the data, build the features and the task model, and set up the Trainer."""
+    from ..checkpoints import load_model
     from ..hub import resolve_model
 
-    recipe = dataclasses.replace(recipe)
+    out_dir = Path(out_dir)
+    recipe = dataclasses.replace(recipe or Recipe())
     recipe.epochs = recipe.epochs or kind.default_epochs
     resolved = resolve_model(model)
     base_config = EncoderConfig.from_json_file(resolved.weights_dir / "config.json")
@@ -424,14 +447,12 @@ def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: s
     train_examples = kind.read(train)
     if valid is not None:
         valid_examples = kind.read(valid)
-        valid_source = valid
     else:
         train_examples, valid_examples = kind.split(train_examples, recipe.valid_fraction, recipe.seed)
-        valid_source = f"the validation part carved from {train}"
         log.info("no validation file: %d examples carved from the training data (seed %d)", len(valid_examples),
                  recipe.seed)
     labels = kind.labels(train_examples)
-    kind.check_valid(valid_examples, labels, valid_source if valid is not None else train)
+    kind.check_valid(valid_examples, labels, valid if valid is not None else train)
 
     config = kind.configure(dataclasses.replace(base_config, extra=dict(base_config.extra)), labels)
     config.extra["encoderkit"] = {"task": kind.name, "max_length": recipe.max_length, **kind.settings(recipe, labels)}
@@ -442,44 +463,50 @@ def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: s
     steps_per_epoch = math.ceil(len(train_features) / (recipe.batch_size * world_size))
     max_steps = max(1, math.ceil(recipe.epochs * steps_per_epoch))
     eval_every = recipe.eval_steps or steps_per_epoch
-    training_dir = out_dir / "training"
-    dtype = "bf16" if recipe.bf16 else "fp32"
-
-    def evaluate(current: torch.nn.Module) -> dict[str, float]:
-        return kind.evaluate(kind.pipeline(current, tokenizer, dtype), valid_examples)
-
+    setup = FinetuneSetup(kind, recipe, task_model, tokenizer, train_examples, valid_examples, train_features,
+                          None, out_dir)  # type: ignore[arg-type]
     train_config = TrainingConfig(
-        output_dir=str(training_dir), max_steps=max_steps, batch_size=recipe.batch_size,
+        output_dir=str(out_dir / "training"), max_steps=max_steps, batch_size=recipe.batch_size,
         learning_rate=recipe.learning_rate, weight_decay=recipe.weight_decay, adam_eps=recipe.adam_eps,
         warmup_ratio=recipe.warmup_ratio, schedule="linear", max_grad_norm=recipe.max_grad_norm, bf16=recipe.bf16,
         eval_every=eval_every, save_every=min(recipe.save_steps, eval_every), keep_last=2, seed=recipe.seed,
         show_progress=recipe.show_progress, group_by_length=recipe.group_by_length, drop_last=False,
         metric_for_best=kind.main_metric, early_stopping_patience=recipe.early_stopping_patience, save_final=False)
     pad = tokenizer.pad_token_id
-    trainer = Trainer(task_model, train_config, train_features, lambda items, epoch: collate(items, pad),
-                      evaluate=evaluate, tokenizer=tokenizer, lengths=[len(f["input_ids"]) for f in train_features])
+    setup.trainer = Trainer(task_model, train_config, train_features, lambda items, epoch: collate(items, pad),
+                            evaluate=lambda current: setup.evaluate(current), tokenizer=tokenizer,
+                            lengths=[len(f["input_ids"]) for f in train_features])
+    return setup
+
+
+def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: str | Path | None, recipe: Recipe,
+              resume: bool) -> FinetuneResult:
+    from ..checkpoints import load_weights
+
+    setup = prepare_finetune(kind, train, out_dir, valid=valid, model=model, recipe=recipe)
+    trainer, training_dir = setup.trainer, out_dir / "training"
     if not resume and training_dir.exists():
         shutil.rmtree(training_dir)
     outcome = trainer.train(resume=resume)
 
     best_dir = training_dir / "best"
     if best_dir.is_dir():
-        load_weights(task_model, best_dir)
+        load_weights(setup.model, best_dir)
     best_step = outcome.get("best_step")
     kept = next((r for r in reversed(outcome["history"]) if r.get("step") == best_step and "eval_" + kind.main_metric
                  in r), None)
     scores = ({k[5:]: v for k, v in kept.items() if k.startswith("eval_")} if kept else
               {k[5:]: v for k, v in outcome["final"].items()})
     if trainer.is_main:
-        task_model.save_pretrained(out_dir, tokenizer=tokenizer)
+        setup.model.save_pretrained(out_dir, tokenizer=setup.tokenizer)
         summary = {"task": kind.name, "metrics": scores, "best_step": best_step, "steps": outcome["step"],
-                   "train_examples": len(train_examples), "valid_examples": len(valid_examples),
-                   "recipe": dataclasses.asdict(recipe)}
+                   "train_examples": len(setup.train_examples), "valid_examples": len(setup.valid_examples),
+                   "recipe": dataclasses.asdict(setup.recipe)}
         (out_dir / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     history = outcome["history"]
     rate = history[-1].get("examples_per_s", 0.0) if history else 0.0
-    return FinetuneResult(out_dir, kind.name, scores, best_step, outcome["step"], len(train_examples),
-                          len(valid_examples), rate, history)
+    return FinetuneResult(out_dir, kind.name, scores, best_step, outcome["step"], len(setup.train_examples),
+                          len(setup.valid_examples), rate, history)
 
 
 def evaluate_model(model_dir: str | Path, data: Any, *, dtype: str = "fp32", **columns: Any) -> dict[str, float]:

@@ -244,17 +244,23 @@ class Trainer:
         return {key: value.to(self.device) for key, value in batch.items()}
 
     # ----- training ---------------------------------------------------------------------------
-    def train(self, resume: bool = True) -> dict[str, Any]:
-        config = self.config
+    def begin(self, resume: bool = True) -> Path:
+        """Get ready to train (resume from the latest checkpoint, seed, training mode); returns the metrics
+        file. ``train`` calls it; a caller driving ``train_step`` itself (a benchmark) calls it first."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             self._resume()
         if self.step == 0:  # a resumed run restores the RNG states of its checkpoint instead
-            _seed_everything(config.seed + self.rank)
+            _seed_everything(self.config.seed + self.rank)
         metrics_path = self.output_dir / "metrics.jsonl"
         if self.is_main and self.step == 0:
             metrics_path.write_text("", encoding="utf-8")
         self.model.train()
+        return metrics_path
+
+    def train(self, resume: bool = True) -> dict[str, Any]:
+        config = self.config
+        metrics_path = self.begin(resume)
         started = time.perf_counter()
         tokens_done = examples_done = 0
         with Progress(config.max_steps, "training", "steps", enabled=config.show_progress and self.is_main) as bar:

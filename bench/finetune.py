@@ -1,0 +1,296 @@
+"""Fine-tuning speed and quality: encoderkit vs the transformers Trainer, same model, data and hyperparameters.
+
+Tasks (default model all-MiniLM-L6-v2, 1 epoch each, seed 42, batch 32, AdamW lr 5e-5, 10% warm-up then
+linear decay, weight decay 0.01, clipping 1.0, eps 1e-8):
+- sst2: the benchmarks' 20k SST-2 subset (bench/common.py), 10% carved for validation; max length 128;
+- conll: CoNLL-2003 eng.train / eng.testa, IOB2 tags on words' first sub-tokens; max length 128;
+- squad: the 5,021 questions of squad_v1.1, 20% of the articles carved for validation; max length 384,
+  doc stride 128.
+
+Contenders:
+- transformers: `Trainer` with its defaults (random batches, fused AdamW) and dynamic padding
+  (DataCollatorWithPadding / DataCollatorForTokenClassification), features built the way transformers'
+  example scripts build them;
+- transformers, length-grouped: the same with `train_sampling_strategy="group_by_length"`;
+- encoderkit: `encoderkit finetune`'s recipe (length-grouped batches, unpadded training);
+- encoderkit, random batches: no length grouping (the batches transformers' default draws, unpadded);
+- encoderkit bf16 autocast: only where the CPU has native bf16 (otherwise recorded as skipped).
+
+They run in turns of ``--chunk`` optimizer steps until each has finished its epoch, so machine-speed drift
+hits all alike; transformers' Trainer runs in a thread that a callback pauses after each turn. Training
+time excludes evaluation. Every final model is scored by the same code (encoderkit's evaluators:
+accuracy, seqeval-style entity F1, official SQuAD EM/F1); transformers' models are loaded into encoderkit
+for that (outputs equal within 1e-5, tested).
+
+    python bench/finetune.py [--tasks sst2,conll,squad] [--chunk 10] [--contenders ...]
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common import SHARED, require, sst2_rows, write_result, write_tsv
+
+HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
+             adam_eps=1e-8, seed=42, epochs=1)
+CONTENDERS = ("transformers", "transformers-grouped", "encoderkit", "encoderkit-random", "encoderkit-bf16")
+
+
+class EncoderkitContender:
+    def __init__(self, name: str, setup) -> None:
+        self.name, self.setup, self.trainer = name, setup, setup.trainer
+        self.seconds, self.examples = 0.0, 0
+        self.trainer.begin(resume=False)
+
+    @property
+    def done(self) -> bool:
+        return self.trainer.step >= self.trainer.config.max_steps
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            if self.done:
+                return
+            started = time.perf_counter()
+            record = self.trainer.train_step()
+            self.seconds += time.perf_counter() - started
+            self.examples += record["examples"]
+
+    def model(self):
+        return self.trainer.model.eval()
+
+
+class TransformersContender:
+    """transformers' Trainer in a thread, paused by a callback after every ``steps`` optimizer steps."""
+
+    def __init__(self, name: str, trainer, examples_per_epoch: int) -> None:
+        import transformers
+
+        self.name, self.trainer, self.examples = name, trainer, examples_per_epoch
+        self.seconds, self.finished = 0.0, False
+        self._turn, self._yielded = threading.Event(), threading.Event()
+        self._budget = 0
+        contender = self
+
+        class Pause(transformers.TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                contender._budget -= 1
+                if contender._budget <= 0:
+                    contender._yielded.set()
+                    contender._turn.wait()
+                    contender._turn.clear()
+
+        trainer.add_callback(Pause())
+        self._thread = threading.Thread(target=self._train, daemon=True)
+
+    def _train(self) -> None:
+        self._turn.wait()
+        self._turn.clear()
+        try:
+            self.trainer.train()
+        finally:
+            self.finished = True
+            self._yielded.set()
+
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    def run(self, steps: int) -> None:
+        if self.finished:
+            return
+        if not self._thread.is_alive():
+            self._thread.start()
+        self._budget = steps
+        self._yielded.clear()
+        started = time.perf_counter()
+        self._turn.set()
+        self._yielded.wait()
+        self.seconds += time.perf_counter() - started
+
+    def model(self):
+        return self.trainer.model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers' side: features as its example scripts build them
+# ---------------------------------------------------------------------------------------------
+def hf_features(task: str, setup, tokenizer) -> tuple[list[dict], Any]:
+    import transformers
+
+    examples = setup.train_examples
+    if task == "sst2":
+        labels = setup.model.config.labels
+        encoded = tokenizer([e.text for e in examples], truncation=True, max_length=setup.recipe.max_length)
+        rows = [{"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "labels": labels.index(e.label)}
+                for ids, types, mask, e in zip(encoded["input_ids"], encoded["token_type_ids"],
+                                               encoded["attention_mask"], examples)]
+        return rows, transformers.DataCollatorWithPadding(tokenizer)
+    if task == "conll":
+        labels = setup.model.config.labels
+        encoded = tokenizer([s.tokens for s in examples], is_split_into_words=True, truncation=True,
+                            max_length=setup.recipe.max_length)
+        rows = []
+        for index, sentence in enumerate(examples):
+            previous, tags = None, []
+            for word in encoded.word_ids(index):
+                tags.append(-100 if word is None or word == previous else labels.index(sentence.tags[word]))
+                previous = word
+            rows.append({"input_ids": encoded["input_ids"][index], "token_type_ids": encoded["token_type_ids"][index],
+                         "attention_mask": encoded["attention_mask"][index], "labels": tags})
+        return rows, transformers.DataCollatorForTokenClassification(tokenizer)
+    # squad: run_qa.py's prepare_train_features, with dynamic padding instead of padding to max_length
+    encoded = tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
+                        truncation="only_second", max_length=setup.recipe.max_length, stride=setup.recipe.doc_stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True)
+    rows = []
+    for index, offsets in enumerate(encoded["offset_mapping"]):
+        example = examples[encoded["overflow_to_sample_mapping"][index]]
+        sequence_ids = encoded.sequence_ids(index)
+        start_char = example.answer_starts[0]
+        end_char = start_char + len(example.answers[0])
+        context = [i for i, s in enumerate(sequence_ids) if s == 1]
+        start = end = 0
+        if offsets[context[0]][0] <= start_char and offsets[context[-1]][1] >= end_char:
+            start = next(i for i in context if offsets[i][1] > start_char)
+            end = next(i for i in reversed(context) if offsets[i][0] < end_char)
+        rows.append({"input_ids": encoded["input_ids"][index], "token_type_ids": encoded["token_type_ids"][index],
+                     "attention_mask": encoded["attention_mask"][index], "start_positions": start,
+                     "end_positions": end})
+    return rows, transformers.DataCollatorWithPadding(tokenizer)
+
+
+def hf_trainer(task: str, setup, grouped: bool, out_dir: Path):
+    import transformers
+
+    from encoderkit import default_model_path
+
+    path = str(default_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    rows, collator = hf_features(task, setup, tokenizer)
+    torch.manual_seed(HYPER["seed"])
+    if task == "squad":
+        model = transformers.AutoModelForQuestionAnswering.from_pretrained(path)
+    else:
+        labels = setup.model.config.labels
+        auto = (transformers.AutoModelForSequenceClassification if task == "sst2"
+                else transformers.AutoModelForTokenClassification)
+        model = auto.from_pretrained(path, num_labels=len(labels), id2label=dict(enumerate(labels)),
+                                     label2id={label: i for i, label in enumerate(labels)})
+    args = transformers.TrainingArguments(
+        output_dir=str(out_dir), per_device_train_batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
+        num_train_epochs=HYPER["epochs"], warmup_steps=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
+        max_grad_norm=HYPER["max_grad_norm"], adam_epsilon=HYPER["adam_eps"], seed=HYPER["seed"], report_to="none",
+        save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+        train_sampling_strategy="group_by_length" if grouped else "random")
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
+    return trainer, len(rows), tokenizer
+
+
+def transformers_quality(setup, model, tokenizer, directory: Path) -> dict[str, float]:
+    """Score a transformers model with encoderkit's evaluator (same code for every contender)."""
+    from encoderkit import load_model
+
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return setup.evaluate(load_model(directory), dtype="fp32")
+
+
+# ---------------------------------------------------------------------------------------------
+def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False):
+    from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
+
+    data = SHARED / "data"
+    recipe = Recipe(epochs=HYPER["epochs"], batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
+                    warmup_ratio=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
+                    max_grad_norm=HYPER["max_grad_norm"], adam_eps=HYPER["adam_eps"], seed=HYPER["seed"],
+                    group_by_length=group_by_length, bf16=bf16, show_progress=False, save_steps=10**9,
+                    valid_fraction=0.2 if task == "squad" else 0.1)
+    if task == "sst2":
+        train = work / "sst2.tsv"
+        if not train.exists():
+            write_tsv(train, sst2_rows())
+        return prepare_finetune(task_kind("classify"), train, work / "ek", recipe=recipe)
+    if task == "conll":
+        return prepare_finetune(task_kind("ner"), require(data / "conll2003" / "eng.train"), work / "ek",
+                                valid=data / "conll2003" / "eng.testa", recipe=recipe)
+    return prepare_finetune(task_kind("qa"), require(data / "squad_v1.1" / "dev-v1.1.articles-00-20.json"),
+                            work / "ek", recipe=recipe)
+
+
+def run_task(task: str, contenders: list[str], chunk: int) -> dict[str, Any]:
+    from encoderkit.precision import cpu_has_native_bf16
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        players, notes = [], {}
+        reference = None
+        for name in contenders:
+            if name.startswith("encoderkit"):
+                if name == "encoderkit-bf16" and not cpu_has_native_bf16():
+                    notes[name] = "skipped: this CPU has no native bf16 (AVX512-BF16/AMX); bf16 products run emulated"
+                    continue
+                setup = prepare(task, work / name, group_by_length=name != "encoderkit-random",
+                                bf16=name == "encoderkit-bf16")
+                reference = reference or setup
+                players.append(EncoderkitContender(name, setup))
+        for name in contenders:
+            if name.startswith("transformers"):
+                trainer, count, tokenizer = hf_trainer(task, reference, name.endswith("grouped"), work / name)
+                player = TransformersContender(name, trainer, count)
+                player.tokenizer = tokenizer
+                players.insert(0, player)
+        print(f"{task}: {len(reference.train_examples):,} training examples ({len(reference.train_features):,} "
+              f"features), {len(reference.valid_examples):,} validation; {reference.trainer.config.max_steps} steps "
+              f"per contender; turns of {chunk} steps")
+        turn = 0
+        while not all(p.done for p in players):
+            for player in players:
+                player.run(chunk)
+            turn += 1
+            if turn % 10 == 0:
+                print("  " + ", ".join(f"{p.name} {p.seconds:,.0f} s" for p in players), flush=True)
+        rows = []
+        for player in players:
+            if isinstance(player, TransformersContender):
+                quality = transformers_quality(reference, player.model(), player.tokenizer, work / (player.name + "-out"))
+            else:
+                quality = player.setup.evaluate(player.model(), dtype="fp32")
+            rows.append({"contender": player.name, "train_seconds": player.seconds,
+                         "examples_per_second": player.examples / player.seconds, "metrics": quality})
+            print(f"  {player.name:22s} {player.examples / player.seconds:8.1f} examples/s  {quality}")
+        base = {r["contender"]: r["examples_per_second"] for r in rows}
+        for row in rows:
+            for other in ("transformers", "transformers-grouped"):
+                if other in base:
+                    row[f"speedup_vs_{other}"] = row["examples_per_second"] / base[other]
+        return {"task": task, "train_examples": len(reference.train_examples),
+                "train_features": len(reference.train_features), "valid_examples": len(reference.valid_examples),
+                "steps": reference.trainer.config.max_steps, "main_metric": reference.kind.main_metric,
+                "rows": rows, "notes": notes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default="sst2,conll,squad")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--chunk", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    started = time.time()
+    results = [run_task(task, args.contenders.split(","), args.chunk) for task in args.tasks.split(",")]
+    write_result("finetune", {"hyperparameters": HYPER, "chunk": args.chunk, "tasks": results,
+                              "wall_seconds": time.time() - started})
+
+
+if __name__ == "__main__":
+    main()
