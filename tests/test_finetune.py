@@ -266,3 +266,49 @@ def test_qa_answer_not_in_context(tmp_path, tiny) -> None:
     result = run_cli("finetune", "--task", "qa", "--train", str(tmp_path / "train.json"), "--model", str(tiny),
                      "--out", str(tmp_path / "o"))
     assert_one_line_error(result, "train.json", "question q1", "is not at character")
+
+
+# ----- the command line ------------------------------------------------------------------------
+def test_cli_finetune_evaluate_predict_classify(tmp_path, tiny, capsys) -> None:
+    from encoderkit.cli import main
+
+    train = write_csv(tmp_path / "train.csv", sentiment_rows(120))
+    valid = write_csv(tmp_path / "valid.csv", sentiment_rows(20, seed=5))
+    assert main(["finetune", "--task", "classify", "--train", str(train), "--valid", str(valid), "--model", str(tiny),
+                 "--out", str(tmp_path / "m"), "--epochs", "8", "--batch-size", "8", "--lr", "2e-3"]) == 0
+    assert "best model" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "m" / "eval_results.json").read_text())["metrics"]
+    assert main(["evaluate", str(tmp_path / "m"), str(valid), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == pytest.approx(saved)  # the kept model, scored again
+    (tmp_path / "texts.txt").write_text("the film was superb\nthe film was dreadful\n", encoding="utf-8")
+    assert main(["predict", str(tmp_path / "m"), str(tmp_path / "texts.txt"), "--out", str(tmp_path / "p.jsonl")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in records] == ["the film was superb", "the film was dreadful"]
+    assert [r["label"] for r in records] == ["pos", "neg"]
+    capsys.readouterr()
+    assert main(["classify", str(tmp_path / "m"), "the film was lovely"]) == 0
+    assert capsys.readouterr().out.startswith("pos")
+
+
+def test_cli_ner_and_qa_commands(tmp_path, tiny, capsys) -> None:
+    from encoderkit.cli import main
+
+    conll = write_conll(tmp_path / "train.conll", 80)
+    assert main(["finetune", "--task", "ner", "--train", str(conll), "--model", str(tiny), "--out", str(tmp_path / "n"),
+                 "--epochs", "8", "--batch-size", "8", "--lr", "2e-3"]) == 0
+    assert main(["predict", str(tmp_path / "n"), str(conll), "--out", str(tmp_path / "tags.jsonl")]) == 0
+    first = json.loads((tmp_path / "tags.jsonl").read_text().splitlines()[0])
+    assert len(first["words"]) == len(first["tags"]) and set(first["tags"]) <= {"O", "B-PER", "I-PER", "B-LOC", "I-LOC"}
+    capsys.readouterr()
+    assert main(["ner", str(tmp_path / "n"), "Anna Smith visited Oslo ."]) == 0
+    assert capsys.readouterr().out.startswith("Anna Smith visited Oslo .")
+    squad = write_squad(tmp_path / "train.json", 40)
+    assert main(["finetune", "--task", "qa", "--train", str(squad), "--model", str(tiny), "--out", str(tmp_path / "q"),
+                 "--epochs", "1", "--max-length", "48", "--doc-stride", "16"]) == 0
+    (tmp_path / "context.txt").write_text("The meeting took place in Oslo last year.", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["qa", str(tmp_path / "q"), "-q", "Where was the meeting?", "-c", "@" + str(tmp_path / "context.txt"),
+                 "-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all("[" in line for line in lines)
+    assert main(["qa", str(tmp_path / "q"), "-q", "Where?", "-c", "@" + str(tmp_path / "missing.txt")]) == 2
