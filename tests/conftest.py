@@ -16,6 +16,18 @@ def shared_file(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of many tiny batches: on a 2-core machine, threads that spin-wait on tiny
+    matrices slow every process down. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     from encoderkit import default_model_path

@@ -56,6 +56,19 @@ def read_lines(path: str | Path) -> list[str]:
     return [line for _, line in _lines(Path(path))]
 
 
+def read_texts(path: str | Path, *, text_field: str | None = None, what: str = "texts") -> list[str]:
+    """The non-blank texts of a file, stripped: one per line, or the text column / field of a .tsv, .csv or
+    .jsonl file. ``what`` names the file in errors (e.g. "--original")."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{what} file {path} does not exist; give one text per line, or a .tsv/.csv/.jsonl file "
+                        "with a text column")
+    texts = [record.text.strip() for record in iter_records(path, text_field=text_field) if record.text.strip()]
+    if not texts:
+        raise DataError(f"{path} holds no texts (one per line, or a text column in .tsv/.csv/.jsonl)")
+    return texts
+
+
 def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | None = None,
                  id_field: str | None = None) -> Iterator[Record]:
     """Stream (id, text) records. Ids default to the 0-based record number.
