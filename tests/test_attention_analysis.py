@@ -118,7 +118,9 @@ def test_other_families_equal_transformers(family: str, tmp_path: Path, minilm_d
         assert maps.probabilities.shape == expected.shape
         assert np.abs(maps.probabilities - expected).max() <= 1e-5, family
         single = analyzer.attend(text, pair)
-        assert single.tokens == maps.tokens and np.abs(single.probabilities - maps.probabilities).max() <= 1e-6
+        # A padded batch and a single run multiply matrices of other shapes, so fp32 sums run in another order:
+        # 1.2e-6 apart on an AVX512-BF16 CPU. The project's fp32 tolerance (as against transformers) is 1e-5.
+        assert single.tokens == maps.tokens and np.abs(single.probabilities - maps.probabilities).max() <= 1e-5
     maps = batch[0]
     if family == "roberta":
         assert maps.tokens[0] == "<s>" and maps.cls_position == 0
@@ -361,7 +363,8 @@ def test_causal_mask_with_padding_equals_single_runs(minilm: AttentionAnalyzer) 
     texts = [TROPHY, "Tiny."]
     batch = minilm.attend_many(texts, mask="causal")
     for text, maps in zip(texts, batch):
-        assert np.abs(maps.probabilities - minilm.attend(text, mask="causal").probabilities).max() <= 1e-6
+        # Other matrix shapes than the single run: fp32 sums in another order (see the batch test above).
+        assert np.abs(maps.probabilities - minilm.attend(text, mask="causal").probabilities).max() <= 1e-5
 
 
 def test_attention_bias_is_checked_and_optional(minilm: AttentionAnalyzer) -> None:
