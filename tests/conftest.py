@@ -42,3 +42,11 @@ def minilm_dir() -> Path:
 def bench_sentences() -> list[str]:
     path = shared_file("bench", "sentences.txt")
     return path.read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A 2-layer, hidden-32 random BERT sequence classifier with the MiniLM tokenizer (see helpers.tiny_bert_dir)."""
+    from helpers import tiny_bert_dir
+
+    return tiny_bert_dir(tmp_path_factory.mktemp("tiny-classifier"), minilm_dir, task="sequence-classification")

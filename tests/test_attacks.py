@@ -21,7 +21,6 @@ from encoderkit.security.attacks import (
 )
 from encoderkit.tasks.classify import Classifier
 
-from helpers import tiny_bert_dir
 
 TEXTS = [
     "the movie was a wonderful and moving experience for everyone involved",
@@ -37,13 +36,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, minilm_dir) -> Path:
-    return tiny_bert_dir(tmp_path_factory.mktemp("tiny-classifier"), minilm_dir, task="sequence-classification")
-
-
-@pytest.fixture(scope="module")
-def classifier(tiny_dir: Path) -> Classifier:
-    classifier = Classifier.from_pretrained(tiny_dir)
+def classifier(tiny_classifier_dir: Path) -> Classifier:
+    classifier = Classifier.from_pretrained(tiny_classifier_dir)
     # A random model gives nearly the same logits to every text; a larger head, centred so that the decision
     # boundary passes through these texts, makes the (random) decision depend on the words, so attacks both
     # succeed and fail within small budgets.
@@ -201,16 +195,16 @@ def test_labels_file_format(tmp_path: Path) -> None:
         read_labelled_texts(path)
 
 
-def test_cli_scan_attack_writes_report(tiny_dir: Path, tmp_path: Path, classifier: Classifier) -> None:
-    labels = [p.label for p in Classifier.from_pretrained(tiny_dir)(TEXTS[:3])]
+def test_cli_scan_attack_writes_report(tiny_classifier_dir: Path, tmp_path: Path, classifier: Classifier) -> None:
+    labels = [p.label for p in Classifier.from_pretrained(tiny_classifier_dir)(TEXTS[:3])]
     texts_file = tmp_path / "texts.tsv"
     texts_file.write_text("text\tlabel\n" + "".join(f"{t}\t{l}\n" for t, l in zip(TEXTS[:3], labels)))
     out = tmp_path / "out"
-    code = main(["scan", "attack", str(tiny_dir), str(texts_file), "--out", str(out), "--budget", "30",
+    code = main(["scan", "attack", str(tiny_classifier_dir), str(texts_file), "--out", str(out), "--budget", "30",
                  "--method", "insert", "--insert-words", "truly,never"])
     assert code == 0
     data = json.loads((out / "attack.json").read_text())
     assert data["method"] == "insert" and len(data["records"]) == 3
     assert all(r["queries"] <= 30 for r in data["records"])
     assert "Adversarial attack" in (out / "attack.md").read_text()
-    assert main(["scan", "attack", str(tiny_dir), str(tmp_path / "missing.tsv"), "--out", str(out)]) == 2
+    assert main(["scan", "attack", str(tiny_classifier_dir), str(tmp_path / "missing.tsv"), "--out", str(out)]) == 2

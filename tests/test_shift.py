@@ -22,7 +22,6 @@ from encoderkit.security.shift import (
 from encoderkit.tasks.classify import Classifier
 from encoderkit.tasks.embed import Embedder
 
-from helpers import tiny_bert_dir
 
 ORIGINALS = [
     "the movie was a wonderful and moving experience",
@@ -43,13 +42,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, minilm_dir) -> Path:
-    return tiny_bert_dir(tmp_path_factory.mktemp("tiny-classifier"), minilm_dir, task="sequence-classification")
-
-
-@pytest.fixture(scope="module")
-def classifier(tiny_dir: Path) -> Classifier:
-    return Classifier.from_pretrained(tiny_dir)
+def classifier(tiny_classifier_dir: Path) -> Classifier:
+    return Classifier.from_pretrained(tiny_classifier_dir)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +63,8 @@ def test_distances_against_references() -> None:
 
 
 @pytest.mark.parametrize("representation", REPRESENTATIONS)
-def test_shift_of_a_text_with_itself_is_zero(classifier: Classifier, tiny_dir: Path, representation: str) -> None:
-    embedder = Embedder.from_pretrained(tiny_dir) if representation == "embedding" else None
+def test_shift_of_a_text_with_itself_is_zero(classifier: Classifier, tiny_classifier_dir: Path, representation: str) -> None:
+    embedder = Embedder.from_pretrained(tiny_classifier_dir) if representation == "embedding" else None
     detector = EmbeddingShiftDetector(classifier, representation=representation, embedder=embedder)
     scores = detector.shift_scores(ORIGINALS, ORIGINALS)
     assert np.all(scores == 0.0)
@@ -172,13 +166,13 @@ def test_pairs_file_format(tmp_path: Path) -> None:
         read_pairs(path)
 
 
-def test_cli_scan_shift_pair_and_single_modes(tiny_dir: Path, tmp_path: Path) -> None:
+def test_cli_scan_shift_pair_and_single_modes(tiny_classifier_dir: Path, tmp_path: Path) -> None:
     original, modified, calibrate = tmp_path / "original.txt", tmp_path / "modified.txt", tmp_path / "benign.tsv"
     original.write_text("\n".join(ORIGINALS) + "\n")
     modified.write_text("\n".join(MODIFIED) + "\n")
     calibrate.write_text("".join(f"{t}\t{t.upper()}\n{t}\t{t} .\n" for t in ORIGINALS))
     out = tmp_path / "pair"
-    assert main(["scan", "shift", str(tiny_dir), "--original", str(original), "--modified", str(modified),
+    assert main(["scan", "shift", str(tiny_classifier_dir), "--original", str(original), "--modified", str(modified),
                  "--calibrate", str(calibrate), "--out", str(out), "--top-k", "2"]) == 0
     data = json.loads((out / "shift.json").read_text())
     assert data["mode"] == "pair" and len(data["records"]) == 4 and data["calibration"]["count"] == 8
@@ -187,10 +181,10 @@ def test_cli_scan_shift_pair_and_single_modes(tiny_dir: Path, tmp_path: Path) ->
     assert "shift_histogram.png" in (out / "shift.md").read_text()
 
     single = tmp_path / "single"
-    assert main(["scan", "shift", str(tiny_dir), "--texts", str(modified), "--reference", str(original),
+    assert main(["scan", "shift", str(tiny_classifier_dir), "--texts", str(modified), "--reference", str(original),
                  "--neighbours", "2", "--out", str(single)]) == 0
     assert json.loads((single / "shift.json").read_text())["mode"] == "single"
 
-    assert main(["scan", "shift", str(tiny_dir), "--original", str(original), "--out", str(out)]) == 2
-    assert main(["scan", "shift", str(tiny_dir), "--original", str(original), "--modified", str(calibrate),
+    assert main(["scan", "shift", str(tiny_classifier_dir), "--original", str(original), "--out", str(out)]) == 2
+    assert main(["scan", "shift", str(tiny_classifier_dir), "--original", str(original), "--modified", str(calibrate),
                  "--out", str(out)]) == 2  # 4 originals, 8 modified lines
