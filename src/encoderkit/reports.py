@@ -144,3 +144,14 @@ def fpr_at_tpr(scores_positive: Sequence[float], scores_negative: Sequence[float
     needed = int(math.ceil(tpr * len(pos)))
     threshold = np.sort(pos)[::-1][max(needed - 1, 0)]  # flag scores >= threshold
     return float(np.mean(neg >= threshold))
+
+
+def roc_curve(scores_positive: Sequence[float], scores_negative: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(false-positive rates, true-positive rates) at every distinct threshold, from (0, 0) to (1, 1); higher score =
+    more likely positive. Equal to scikit-learn's roc_curve(drop_intermediate=False) with (0, 0) prepended."""
+    pos, neg = np.asarray(scores_positive, dtype=np.float64), np.asarray(scores_negative, dtype=np.float64)
+    thresholds = np.unique(np.concatenate([pos, neg]))[::-1]
+    pos_sorted, neg_sorted = np.sort(pos), np.sort(neg)
+    tpr = 1.0 - np.searchsorted(pos_sorted, thresholds, side="left") / len(pos)  # share with score >= threshold
+    fpr = 1.0 - np.searchsorted(neg_sorted, thresholds, side="left") / len(neg)
+    return np.concatenate([[0.0], fpr]), np.concatenate([[0.0], tpr])

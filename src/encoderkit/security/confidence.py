@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DataError, InputError
-from ..reports import Report, fpr_at_tpr, markdown_table, new_figure, roc_auc, save_figure
+from ..reports import Report, fpr_at_tpr, markdown_table, new_figure, roc_auc, roc_curve, save_figure
 from ..tasks.classify import Classifier, is_multi_label
 
 log = logging.getLogger(__name__)
@@ -117,18 +117,7 @@ def _check_calibration_input(confidences, correct, bins: int) -> tuple[np.ndarra
     return confidences, correct
 
 
-def roc_curve_points(scores_positive: Sequence[float], scores_negative: Sequence[float]
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """(false-positive rates, true-positive rates) at every distinct threshold, from (0, 0) to (1, 1)."""
-    pos, neg = np.asarray(scores_positive, dtype=np.float64), np.asarray(scores_negative, dtype=np.float64)
-    values = np.concatenate([pos, neg])
-    is_positive = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))])
-    order = np.argsort(-values, kind="stable")
-    values, is_positive = values[order], is_positive[order]
-    last_of_tie = np.r_[np.flatnonzero(np.diff(values)), len(values) - 1]  # one point per distinct threshold
-    tpr = np.cumsum(is_positive)[last_of_tie] / max(len(pos), 1)
-    fpr = np.cumsum(1 - is_positive)[last_of_tie] / max(len(neg), 1)
-    return np.r_[0.0, fpr], np.r_[0.0, tpr]
+roc_curve_points = roc_curve  # the name the confidence report has always used
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import torch
 from ..errors import DataError, InputError
 from ..modeling.fast import FastEncoder
 from ..precision import resolve_dtype
-from ..reports import Report, markdown_table, new_figure, roc_auc, save_figure, tpr_at_fpr
+from ..reports import Report, markdown_table, new_figure, roc_auc, roc_curve, save_figure, tpr_at_fpr
 from ..tokenizer import Tokenizer
 
 SCORE_KINDS = ("loss", "pll")
@@ -328,16 +328,6 @@ class MembershipScores:
     def best(self) -> np.ndarray:
         """The calibrated score when there is a reference, else the target's."""
         return self.calibrated if self.calibrated is not None else self.target
-
-
-def roc_curve(scores_positive: Sequence[float], scores_negative: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """(false-positive rates, true-positive rates) at every threshold, higher score = more likely positive."""
-    pos, neg = np.asarray(scores_positive, dtype=np.float64), np.asarray(scores_negative, dtype=np.float64)
-    thresholds = np.unique(np.concatenate([pos, neg]))[::-1]
-    pos_sorted, neg_sorted = np.sort(pos), np.sort(neg)
-    tpr = 1.0 - np.searchsorted(pos_sorted, thresholds, side="left") / len(pos)  # share with score >= threshold
-    fpr = 1.0 - np.searchsorted(neg_sorted, thresholds, side="left") / len(neg)
-    return np.concatenate([[0.0], fpr]), np.concatenate([[0.0], tpr])
 
 
 @dataclass
