@@ -203,6 +203,52 @@ def test_unpadded_training_gives_the_padded_gradients(family: str, tmp_path, mon
         assert (padded[name] - unpadded[name]).abs().max() <= TOL, name
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+@pytest.mark.parametrize("unpad", [False, True], ids=["padded", "unpadded"])
+def test_span_loss_ignores_padding(family: str, unpad: bool, tmp_path, monkeypatch) -> None:
+    """The QA loss of a padded batch is the mean of each example's transformers loss computed alone, without
+    padding, and so is every gradient: padding is no answer candidate, whichever path the encoder takes.
+    (transformers' own loss on the padded batch puts probability on padding, so it differs.)"""
+    from safetensors.torch import load_file
+
+    from encoderkit.modeling import encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "_worth_unpadding", lambda mask: unpad)
+    config = CONFIGS[family]()
+    for name in [n for n in config.to_dict() if "dropout" in n]:
+        setattr(config, name, 0.0)
+    reference = hf_class(family, "question-answering")._from_config(config, attn_implementation="eager")
+    perturb(reference)
+    reference.save_pretrained(tmp_path / "hf")
+    inputs = make_batch(config, config.pad_token_id)
+    starts, ends = torch.tensor([2, 5, 0]), torch.tensor([4, 8, 0])  # the last row answers at [CLS]
+
+    ours = load_model(tmp_path / "hf").train()
+    loss = ours(**inputs, start_positions=starts, end_positions=ends).loss
+    loss.backward()
+    alone = []
+    for row, length in enumerate(inputs["attention_mask"].sum(1).tolist()):
+        single = {key: value[row:row + 1, :length] for key, value in inputs.items()}
+        alone.append(reference(**single, start_positions=starts[row:row + 1], end_positions=ends[row:row + 1]).loss)
+    want = torch.stack(alone).mean()
+    want.backward()
+    assert (loss - want).abs() <= TOL
+    with torch.no_grad():
+        padded_reference = reference(**inputs, start_positions=starts, end_positions=ends).loss
+    assert (padded_reference - want).abs() > 1e-3
+
+    # Our gradients, saved in place of the weights, come out under transformers' names.
+    with torch.no_grad():
+        for param in ours.parameters():
+            param.copy_(param.grad)
+    ours.save_pretrained(tmp_path / "grads")
+    saved = load_file(str(tmp_path / "grads" / "model.safetensors"))
+    compared = 0
+    for name, param in reference.named_parameters():
+        assert (saved[name] - param.grad).abs().max() <= TOL, name
+        compared += 1
+    assert compared > 20
+
 def test_distilbert_sinusoidal_positions(tmp_path) -> None:
     config = transformers.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
                                            max_position_embeddings=40, sinusoidal_pos_embds=True)
