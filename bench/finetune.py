@@ -22,12 +22,13 @@ time excludes evaluation. Every final model is scored by the same code (encoderk
 accuracy, seqeval-style entity F1, official SQuAD EM/F1); transformers' models are loaded into encoderkit
 for that (outputs equal within 1e-5, tested).
 
-    python bench/finetune.py [--tasks sst2,conll,squad] [--chunk 10] [--contenders ...]
+    python bench/finetune.py [--tasks sst2,conll,squad] [--chunk 10] [--contenders ...] [--seed 42]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import threading
 import time
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from common import RESULTS, SHARED, require, sst2_rows, write_result, write_tsv
+from common import RESULTS, SHARED, machine, require, sst2_rows, write_result, write_tsv
 
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
              adam_eps=1e-8, seed=42, epochs=1)
@@ -174,7 +175,7 @@ def hf_trainer(task: str, setup, grouped: bool, out_dir: Path):
     path = str(default_model_path())
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     rows, collator = hf_features(task, setup, tokenizer)
-    torch.manual_seed(HYPER["seed"])
+    torch.manual_seed(setup.recipe.seed)
     if task == "squad":
         model = transformers.AutoModelForQuestionAnswering.from_pretrained(path)
     else:
@@ -186,7 +187,7 @@ def hf_trainer(task: str, setup, grouped: bool, out_dir: Path):
     args = transformers.TrainingArguments(
         output_dir=str(out_dir), per_device_train_batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
         num_train_epochs=HYPER["epochs"], warmup_steps=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
-        max_grad_norm=HYPER["max_grad_norm"], adam_epsilon=HYPER["adam_eps"], seed=HYPER["seed"], report_to="none",
+        max_grad_norm=HYPER["max_grad_norm"], adam_epsilon=HYPER["adam_eps"], seed=setup.recipe.seed, report_to="none",
         save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
         train_sampling_strategy="group_by_length" if grouped else "random")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
@@ -203,13 +204,14 @@ def transformers_quality(setup, model, tokenizer, directory: Path) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------
-def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False):
+def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False, seed: int = HYPER["seed"]):
     from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
 
     data = SHARED / "data"
     recipe = Recipe(epochs=HYPER["epochs"], batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
                     warmup_ratio=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
-                    max_grad_norm=HYPER["max_grad_norm"], adam_eps=HYPER["adam_eps"], seed=HYPER["seed"],
+                    max_grad_norm=HYPER["max_grad_norm"], adam_eps=HYPER["adam_eps"], seed=seed,
+                    split_seed=HYPER["seed"],
                     group_by_length=group_by_length, bf16=bf16, show_progress=False, save_steps=10**9,
                     valid_fraction=0.2 if task == "squad" else 0.1)
     if task == "sst2":
@@ -236,7 +238,7 @@ def probe_emulated_bf16(task: str, work: Path, steps: int = 3) -> str:
             f"emulated; {steps} steps of bf16 autocast ran at {player.examples / player.seconds:.1f} examples/s")
 
 
-def run_task(task: str, contenders: list[str], chunk: int) -> dict[str, Any]:
+def run_task(task: str, contenders: list[str], chunk: int, seed: int = HYPER["seed"]) -> dict[str, Any]:
     from encoderkit.precision import cpu_has_native_bf16
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,7 +250,7 @@ def run_task(task: str, contenders: list[str], chunk: int) -> dict[str, Any]:
                 if name == "encoderkit-bf16" and not cpu_has_native_bf16():
                     notes[name] = probe_emulated_bf16(task, work / name)
                     continue
-                setup = prepare(task, work / name, group_by_length=name != "encoderkit-random",
+                setup = prepare(task, work / name, group_by_length=name != "encoderkit-random", seed=seed,
                                 bf16=name == "encoderkit-bf16")
                 reference = reference or setup
                 players.append(EncoderkitContender(name, setup))
@@ -294,6 +296,10 @@ def main() -> None:
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=HYPER["seed"],
+                        help="training seed (head, dropout, batch order); the validation carve keeps seed "
+                             f"{HYPER['seed']}. Other seeds' results are kept beside seed {HYPER['seed']}'s and "
+                             "summarised as the seed spread")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import logging
@@ -301,18 +307,32 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     for task in args.tasks.split(","):
         started = time.time()
-        result = run_task(task, args.contenders.split(","), args.chunk)
-        result["wall_seconds"] = time.time() - started
+        result = run_task(task, args.contenders.split(","), args.chunk, args.seed)
+        result["wall_seconds"], result["seed"] = time.time() - started, args.seed
+        result["machine"], result["date"] = machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         # Written after every task, merged with the tasks of earlier runs: a long run loses nothing when stopped,
-        # and one task can be re-measured alone.
+        # and one task can be re-measured alone. Each task keeps the machine and date it was measured on.
         earlier = {}
         path = RESULTS / "finetune.json"
         if path.is_file():
-            earlier = {t["task"]: t for t in json.loads(path.read_text(encoding="utf-8")).get("tasks", [])}
-        earlier[task] = result
+            before = json.loads(path.read_text(encoding="utf-8"))
+            for task_result in before.get("tasks", []):
+                task_result.setdefault("machine", before["machine"])
+                task_result.setdefault("date", before["date"])
+                earlier[_key(task_result)] = task_result
+        earlier[_key(result)] = result
         order = ["sst2", "conll", "squad"]
-        tasks = sorted(earlier.values(), key=lambda t: order.index(t["task"]) if t["task"] in order else 99)
+        tasks = sorted(earlier.values(), key=lambda t: (order.index(t["task"]) if t["task"] in order else 99,
+                                                        _key(t)[1]))
         write_result("finetune", {"hyperparameters": HYPER, "chunk": args.chunk, "tasks": tasks})
+
+
+def _measured_on(task: dict[str, Any]) -> dict[str, Any]:
+    return {k: task[k] for k in ("machine", "date") if k in task}
+
+
+def _key(task: dict[str, Any]) -> tuple[str, int]:
+    return task["task"], task.get("seed", HYPER["seed"])
 
 
 TASK_TITLES = {"sst2": "SST-2 (20k subset, 10% carved for validation; accuracy)",
@@ -325,7 +345,7 @@ def render(r: dict[str, Any]) -> list[str]:
     from report import _machine, _table
 
     h = r["hyperparameters"]
-    lines = ["## Fine-tuning speed and quality (`bench/finetune.py`)", "", _machine(r), "",
+    lines = ["## Fine-tuning speed and quality (`bench/finetune.py`)", "",
              f"all-MiniLM-L6-v2, {h['epochs']} epoch, batch {h['batch_size']}, AdamW lr {h['learning_rate']:g}, "
              f"{100 * h['warmup_ratio']:.0f}% warm-up then linear decay, weight decay {h['weight_decay']:g}, clipping "
              f"{h['max_grad_norm']:g}, seed {h['seed']}; max length 128 (SQuAD 384, stride 128). Contenders train in "
@@ -333,11 +353,11 @@ def render(r: dict[str, Any]) -> list[str]:
              "scored by the same evaluator (transformers' models are loaded into encoderkit, equal within 1e-5). "
              "The 2-core machine was shared with other jobs during these runs: the interleaved turns give every "
              "contender the same load, so the ratios hold, while absolute rates are lower than on an idle machine.", ""]
-    for task in r["tasks"]:
+    for task in [t for t in r["tasks"] if _key(t)[1] == h["seed"]]:
         main_metric = task["main_metric"]
         lines += [f"**{TASK_TITLES.get(task['task'], task['task'])}**: {task['train_examples']:,} training examples "
                   f"({task['train_features']:,} features), {task['valid_examples']:,} validation, "
-                  f"{task['steps']:,} steps.", ""]
+                  f"{task['steps']:,} steps.", "", _machine({**r, **_measured_on(task)}), ""]
         scale = 1.0 if task["task"] == "squad" else 100.0  # SQuAD's official scores are already percentages
         rows = []
         order = {name: i for i, name in enumerate(CONTENDERS)}
@@ -356,8 +376,31 @@ def render(r: dict[str, Any]) -> list[str]:
                          (" (x100)" if scale != 1.0 else "")], rows)
         for name, note in task.get("notes", {}).items():
             lines += ["", f"{name}: {note}"]
-        lines += [""]
+        lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
+
+
+def _seed_spread(tasks: list[dict[str, Any]], name: str, scale: float) -> list[str]:
+    """The main metric of each contender at every training seed run for a task (same data and validation carve)."""
+    from report import _table
+
+    runs = sorted((t for t in tasks if t["task"] == name), key=lambda t: _key(t)[1])
+    if len(runs) < 2:
+        return []
+    seeds = [_key(t)[1] for t in runs]
+    main_metric = runs[0]["main_metric"]
+    contenders = sorted({row["contender"] for t in runs for row in t["rows"]},
+                        key=lambda c: CONTENDERS.index(c) if c in CONTENDERS else 99)
+    rows = []
+    for contender in contenders:
+        values = {_key(t)[1]: scale * row["metrics"][main_metric] for t in runs for row in t["rows"]
+                  if row["contender"] == contender}
+        spread = list(values.values())
+        summary = f"{statistics.mean(spread):.2f}" + (f" ± {statistics.stdev(spread):.2f}" if len(spread) > 1 else "")
+        rows.append([contender, *[f"{values[s]:.2f}" if s in values else "" for s in seeds], summary])
+    return [f"Seed spread ({main_metric}" + (" x100" if scale != 1.0 else "") + "; training seeds differ, the data "
+            "and the validation carve do not; `--seed N`):", "",
+            *_table(["contender", *[f"seed {s}" for s in seeds], "mean ± sd"], rows), ""]
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class Recipe:
     valid_fraction: float = 0.1  # carved from the training data (seeded) when no validation file is given
     bf16: bool = False  # bf16 autocast
     seed: int = 42
+    split_seed: int | None = None  # seed of the carved validation split (None: ``seed``); fix it to vary only training
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -448,9 +449,10 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
     if valid is not None:
         valid_examples = kind.read(valid)
     else:
-        train_examples, valid_examples = kind.split(train_examples, recipe.valid_fraction, recipe.seed)
+        split_seed = recipe.seed if recipe.split_seed is None else recipe.split_seed
+        train_examples, valid_examples = kind.split(train_examples, recipe.valid_fraction, split_seed)
         log.info("no validation file: %d examples carved from the training data (seed %d)", len(valid_examples),
-                 recipe.seed)
+                 split_seed)
     labels = kind.labels(train_examples)
     kind.check_valid(valid_examples, labels, valid if valid is not None else train)
 
