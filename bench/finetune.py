@@ -315,11 +315,7 @@ def main() -> None:
         earlier = {}
         path = RESULTS / "finetune.json"
         if path.is_file():
-            before = json.loads(path.read_text(encoding="utf-8"))
-            for task_result in before.get("tasks", []):
-                task_result.setdefault("machine", before["machine"])
-                task_result.setdefault("date", before["date"])
-                earlier[_key(task_result)] = task_result
+            earlier = {_key(t): t for t in json.loads(path.read_text(encoding="utf-8")).get("tasks", [])}
         earlier[_key(result)] = result
         order = ["sst2", "conll", "squad"]
         tasks = sorted(earlier.values(), key=lambda t: (order.index(t["task"]) if t["task"] in order else 99,
@@ -327,12 +323,8 @@ def main() -> None:
         write_result("finetune", {"hyperparameters": HYPER, "chunk": args.chunk, "tasks": tasks})
 
 
-def _measured_on(task: dict[str, Any]) -> dict[str, Any]:
-    return {k: task[k] for k in ("machine", "date") if k in task}
-
-
 def _key(task: dict[str, Any]) -> tuple[str, int]:
-    return task["task"], task.get("seed", HYPER["seed"])
+    return task["task"], task["seed"]
 
 
 TASK_TITLES = {"sst2": "SST-2 (20k subset, 10% carved for validation; accuracy)",
@@ -357,7 +349,7 @@ def render(r: dict[str, Any]) -> list[str]:
         main_metric = task["main_metric"]
         lines += [f"**{TASK_TITLES.get(task['task'], task['task'])}**: {task['train_examples']:,} training examples "
                   f"({task['train_features']:,} features), {task['valid_examples']:,} validation, "
-                  f"{task['steps']:,} steps.", "", _machine({**r, **_measured_on(task)}), ""]
+                  f"{task['steps']:,} steps.", "", _machine({**r, **task}), ""]
         scale = 1.0 if task["task"] == "squad" else 100.0  # SQuAD's official scores are already percentages
         rows = []
         order = {name: i for i, name in enumerate(CONTENDERS)}
