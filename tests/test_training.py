@@ -152,7 +152,7 @@ def test_no_weight_decay_on_bias_and_layernorm() -> None:
 
 def test_warmup_then_decay() -> None:
     linear = lr_lambda(TrainingConfig(output_dir=".", max_steps=100, warmup_steps=10))
-    assert linear(0) == pytest.approx(0.1) and linear(9) == pytest.approx(1.0)
+    assert linear(0) == 0.0 and linear(9) == pytest.approx(0.9) and linear(10) == 1.0  # BERT's and transformers'
     assert linear(55) == pytest.approx(0.5) and linear(100) == 0.0
     cosine = lr_lambda(TrainingConfig(output_dir=".", max_steps=100, warmup_steps=0, schedule="cosine"))
     assert cosine(50) == pytest.approx(0.5) and cosine(100) == pytest.approx(0.0, abs=1e-12)

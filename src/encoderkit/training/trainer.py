@@ -83,7 +83,8 @@ class TrainingConfig:
 
     @property
     def warmup(self) -> int:
-        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * self.max_steps)
+        """Warm-up steps: ``warmup_steps``, else ``warmup_ratio`` of the run rounded up (transformers' rule)."""
+        return self.warmup_steps if self.warmup_steps is not None else math.ceil(self.warmup_ratio * self.max_steps)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, learning_rate: float | None = None) -> list[dict[str, Any]]:
@@ -113,11 +114,13 @@ def parameter_groups(model: nn.Module, weight_decay: float, learning_rate: float
 
 
 def lr_lambda(config: TrainingConfig) -> Callable[[int], float]:
+    """The learning-rate factor of each step. Warm-up rises from 0 at the first update, as in BERT's code and
+    transformers' schedules, so a run here and a transformers Trainer run take the same steps (tested)."""
     warmup, total = config.warmup, config.max_steps
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
-            return (step + 1) / warmup
+            return step / warmup
         if config.schedule == "constant":
             return 1.0
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
