@@ -180,3 +180,18 @@ def test_classifier_features_equal_the_encoder_states(tmp_path, minilm_dir) -> N
     assert np.abs(features["mean"] - ((last * mask).sum(1) / mask.sum(1)).numpy()).max() < 1e-5
     assert np.abs(features["pooled"] - reference.bert.pooler(last).detach().numpy()).max() < 1e-5
     assert np.abs(logits - out.logits.numpy()).max() < 1e-5
+
+
+def test_a_long_pass_shows_progress_and_a_short_one_does_not(tiny_classifier_dir, capsys) -> None:
+    from encoderkit.tasks.pipeline import PROGRESS_MIN_SEQUENCES
+
+    classifier = Classifier.from_pretrained(tiny_classifier_dir)
+    few = classifier.logits(["a short text"] * 10)
+    assert "Classifier: encoding" not in capsys.readouterr().err
+    many = classifier.logits(["a short text"] * PROGRESS_MIN_SEQUENCES)
+    err = capsys.readouterr().err
+    assert f"Classifier: encoding: {PROGRESS_MIN_SEQUENCES:,} sequences in" in err  # the closing line: count, time, rate
+    np.testing.assert_allclose(many[:10], few, atol=1e-6)  # progress changes nothing in the results
+    quiet = Classifier.from_pretrained(tiny_classifier_dir, show_progress=False)
+    quiet.logits(["a short text"] * PROGRESS_MIN_SEQUENCES)
+    assert capsys.readouterr().err == ""

@@ -17,9 +17,11 @@ from ..errors import InputError
 from ..modeling.fast import FastEncoder, PackedBatch
 from ..modeling.models import task_settings
 from ..precision import resolve_dtype
+from ..progress import Progress
 from ..tokenizer import Tokenizer
 
 DEFAULT_TOKEN_BUDGET = {torch.float32: 4096, torch.bfloat16: 8192}
+PROGRESS_MIN_SEQUENCES = 2048  # a pass over this many sequences or more shows progress (count, rate, ETA)
 
 
 class TaskPipeline:
@@ -28,7 +30,7 @@ class TaskPipeline:
     tasks: tuple[str, ...] = ()  # the model tasks this pipeline runs
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, dtype: str | torch.dtype = "fp32",
-                 max_length: int | None = None, token_budget: int | None = None) -> None:
+                 max_length: int | None = None, token_budget: int | None = None, show_progress: bool = True) -> None:
         if getattr(model, "task", None) not in self.tasks:
             raise InputError(f"{type(self).__name__} needs a model for {' or '.join(self.tasks)}, but this one is "
                              f"for {getattr(model, 'task', type(model).__name__)}")
@@ -41,6 +43,7 @@ class TaskPipeline:
         self.max_length = min(int(wanted), model.config.max_sequence_length)
         self.token_budget = max(token_budget or DEFAULT_TOKEN_BUDGET[self.dtype], self.max_length)
         self.fast = FastEncoder(model.encoder, self.dtype)
+        self.show_progress = show_progress
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **options: Any) -> "TaskPipeline":
@@ -56,11 +59,16 @@ class TaskPipeline:
 
     def _encode(self, ids: list[list[int]], types: list[list[int]] | None
                 ) -> Iterator[tuple[np.ndarray, torch.Tensor, PackedBatch]]:
-        """Packed fp32 token states of many sequences (see ``FastEncoder.run``), outside any autocast."""
+        """Packed fp32 token states of many sequences (see ``FastEncoder.run``), outside any autocast. A long
+        pass (a scan screening a whole vocabulary, a large evaluation) shows its progress."""
         if self.config.type_vocab_size < 2:  # RoBERTa/DistilBERT: one segment embedding (or none) whatever the tokenizer says
             types = None
-        with torch.autocast("cpu", enabled=False):
-            yield from self.fast.run(ids, types, token_budget=self.token_budget)
+        shown = self.show_progress and len(ids) >= PROGRESS_MIN_SEQUENCES
+        with torch.autocast("cpu", enabled=False), \
+                Progress(len(ids), f"{type(self).__name__}: encoding", "sequences", enabled=shown) as progress:
+            for indices, hidden, batch in self.fast.run(ids, types, token_budget=self.token_budget):
+                yield indices, hidden, batch
+                progress.advance(len(indices))
 
 
 def split_packed(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
