@@ -12,6 +12,8 @@ Contenders:
   (DataCollatorWithPadding / DataCollatorForTokenClassification), features built the way transformers'
   example scripts build them;
 - transformers, length-grouped: the same with `train_sampling_strategy="group_by_length"`;
+- transformers, padding masked (SQuAD only, an ablation, not in the default set): the Trainer with encoderkit's
+  span loss, padding masked out of the start/end softmax; everything else as the default contender;
 - encoderkit: `encoderkit finetune`'s recipe (length-grouped batches, unpadded training);
 - encoderkit, random batches: no length grouping (the batches transformers' default draws, unpadded);
 - encoderkit bf16 autocast: only where the CPU has native bf16 (otherwise recorded as skipped).
@@ -42,6 +44,7 @@ from common import RESULTS, SHARED, machine, require, sst2_rows, write_result, w
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
              adam_eps=1e-8, seed=42, epochs=1)
 CONTENDERS = ("transformers", "transformers-grouped", "encoderkit", "encoderkit-random", "encoderkit-bf16")
+ABLATIONS = ("transformers-masked",)  # run only when named in --contenders
 
 
 class EncoderkitContender:
@@ -167,7 +170,20 @@ def hf_features(task: str, setup, tokenizer) -> tuple[list[dict], Any]:
     return rows, transformers.DataCollatorWithPadding(tokenizer)
 
 
-def hf_trainer(task: str, setup, grouped: bool, out_dir: Path):
+def masked_span_loss(trainer, model, inputs, return_outputs=False, num_items_in_batch=None):
+    """``Trainer.compute_loss`` with encoderkit's QA loss: padding is no start/end candidate."""
+    from encoderkit.modeling.models import span_loss
+
+    starts, ends = inputs.pop("start_positions"), inputs.pop("end_positions")
+    outputs = model(**inputs)
+    mask = inputs["attention_mask"]
+    loss = (span_loss(outputs.start_logits, starts, mask) + span_loss(outputs.end_logits, ends, mask)) / 2
+    return (loss, outputs) if return_outputs else loss
+
+
+def hf_trainer(task: str, setup, grouped: bool, out_dir: Path, masked: bool = False):
+    import types
+
     import transformers
 
     from encoderkit import default_model_path
@@ -191,6 +207,10 @@ def hf_trainer(task: str, setup, grouped: bool, out_dir: Path):
         save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
         train_sampling_strategy="group_by_length" if grouped else "random")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
+    if masked:
+        if task != "squad":
+            raise SystemExit("transformers-masked is an ablation of the SQuAD span loss; run it with --tasks squad")
+        trainer.compute_loss = types.MethodType(masked_span_loss, trainer)
     return trainer, len(rows), tokenizer
 
 
@@ -256,7 +276,8 @@ def run_task(task: str, contenders: list[str], chunk: int, seed: int = HYPER["se
                 players.append(EncoderkitContender(name, setup))
         for name in contenders:
             if name.startswith("transformers"):
-                trainer, count, tokenizer = hf_trainer(task, reference, name.endswith("grouped"), work / name)
+                trainer, count, tokenizer = hf_trainer(task, reference, name.endswith("grouped"), work / name,
+                                                       masked=name.endswith("masked"))
                 player = TransformersContender(name, trainer, count)
                 player.tokenizer = tokenizer
                 players.insert(0, player)
@@ -305,6 +326,9 @@ def main() -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    unknown = set(args.contenders.split(",")) - set(CONTENDERS + ABLATIONS)
+    if unknown:
+        raise SystemExit(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS + ABLATIONS)}")
     for task in args.tasks.split(","):
         started = time.time()
         result = run_task(task, args.contenders.split(","), args.chunk, args.seed)
@@ -352,7 +376,7 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"{task['steps']:,} steps.", "", _machine({**r, **task}), ""]
         scale = 1.0 if task["task"] == "squad" else 100.0  # SQuAD's official scores are already percentages
         rows = []
-        order = {name: i for i, name in enumerate(CONTENDERS)}
+        order = {name: i for i, name in enumerate(CONTENDERS + ABLATIONS)}
         grouped = any("speedup_vs_transformers-grouped" in row for row in task["rows"])
         for row in sorted(task["rows"], key=lambda row: order.get(row["contender"], 99)):
             metrics = ", ".join(f"{k} {scale * v:.2f}" for k, v in row["metrics"].items() if isinstance(v, float))
@@ -368,6 +392,15 @@ def render(r: dict[str, Any]) -> list[str]:
                          (" (x100)" if scale != 1.0 else "")], rows)
         for name, note in task.get("notes", {}).items():
             lines += ["", f"{name}: {note}"]
+        if any(row["contender"] == "transformers-masked" for row in task["rows"]):
+            lines += ["", "transformers-masked is an ablation: transformers' Trainer with encoderkit's span loss, which "
+                          "masks padding out of the start/end softmax (transformers' own loss, like BERT's, keeps the "
+                          "padding positions among the candidates). Same model, head initialisation and data order as "
+                          "the transformers row; only the loss differs (and the dropout draws: the interleaved "
+                          "contenders share torch's random stream). encoderkit's Trainer takes the same steps as "
+                          "transformers' (tests/parity/test_trainer.py), so besides encoderkit's length-grouped "
+                          "batches this loss choice is the one systematic difference between the encoderkit and "
+                          "transformers rows."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
 
@@ -382,7 +415,7 @@ def _seed_spread(tasks: list[dict[str, Any]], name: str, scale: float) -> list[s
     seeds = [_key(t)[1] for t in runs]
     main_metric = runs[0]["main_metric"]
     contenders = sorted({row["contender"] for t in runs for row in t["rows"]},
-                        key=lambda c: CONTENDERS.index(c) if c in CONTENDERS else 99)
+                        key=lambda c: (CONTENDERS + ABLATIONS).index(c) if c in CONTENDERS + ABLATIONS else 99)
     rows = []
     for contender in contenders:
         values = {_key(t)[1]: scale * row["metrics"][main_metric] for t in runs for row in t["rows"]
