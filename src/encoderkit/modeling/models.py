@@ -277,10 +277,13 @@ def span_loss(logits: torch.Tensor, positions: torch.Tensor, attention_mask: tor
     """Cross-entropy of the answer's start (or end) token over the real tokens of each sequence.
 
     Padding is no candidate: its logits are masked out of the softmax, so an example's loss does not depend on
-    the lengths of the other sequences in its batch. (transformers' *ForQuestionAnswering leaves padding in.
-    Here the unpadded path leaves padding states at zero, so padding kept a fixed logit, the head's bias, that
-    training could not lower: bench/finetune.py's one SQuAD epoch scored F1 13.8 and 11.9 (random batches)
-    with padding in the softmax, 14.7 to 18.4 without.) Positions beyond the sequence are ignored, as in
+    the lengths of the other sequences in its batch. transformers' *ForQuestionAnswering (like BERT's code)
+    leaves padding in. Here that is no option: the unpadded path leaves padding states at zero, so padding
+    would keep a fixed logit, the head's bias, that training cannot lower (bench/finetune.py's one SQuAD epoch
+    scored F1 13.8 and 11.9 that way, 14.7 to 18.4 masked). transformers' padding states are real, and pushing
+    their logits down seems to help short runs: its Trainer with this loss instead of its own scored 1.8 F1
+    lower after one epoch of the 4k-question benchmark at two seeds (22.0 -> 20.2, 17.6 -> 15.8; the
+    transformers-masked ablation of bench/finetune.py). Positions beyond the sequence are ignored, as in
     transformers."""
     logits = logits.float()
     if attention_mask is not None:
