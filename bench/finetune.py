@@ -399,8 +399,9 @@ def render(r: dict[str, Any]) -> list[str]:
                           "the transformers row; only the loss differs (and the dropout draws: the interleaved "
                           "contenders share torch's random stream). encoderkit's Trainer takes the same steps as "
                           "transformers' (tests/parity/test_trainer.py), so besides encoderkit's length-grouped "
-                          "batches this loss choice is the one systematic difference between the encoderkit and "
-                          "transformers rows."]
+                          "batches this loss choice is the one systematic difference left in the training step. It "
+                          "does not explain the whole gap: encoderkit scored 14.3-14.7 in these interleaved runs but "
+                          "17.4-18.4 run alone at seed 42 (not yet explained)."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
 
