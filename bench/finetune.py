@@ -45,6 +45,7 @@ HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0
              adam_eps=1e-8, seed=42, epochs=1)
 CONTENDERS = ("transformers", "transformers-grouped", "encoderkit", "encoderkit-random", "encoderkit-bf16")
 ABLATIONS = ("transformers-masked",)  # run only when named in --contenders
+KNOWN = CONTENDERS + ABLATIONS
 
 
 class EncoderkitContender:
@@ -172,12 +173,11 @@ def hf_features(task: str, setup, tokenizer) -> tuple[list[dict], Any]:
 
 def masked_span_loss(trainer, model, inputs, return_outputs=False, num_items_in_batch=None):
     """``Trainer.compute_loss`` with encoderkit's QA loss: padding is no start/end candidate."""
-    from encoderkit.modeling.models import span_loss
+    from encoderkit.modeling.models import qa_loss
 
     starts, ends = inputs.pop("start_positions"), inputs.pop("end_positions")
     outputs = model(**inputs)
-    mask = inputs["attention_mask"]
-    loss = (span_loss(outputs.start_logits, starts, mask) + span_loss(outputs.end_logits, ends, mask)) / 2
+    loss = qa_loss(outputs.start_logits, outputs.end_logits, starts, ends, inputs["attention_mask"])
     return (loss, outputs) if return_outputs else loss
 
 
@@ -208,8 +208,6 @@ def hf_trainer(task: str, setup, grouped: bool, out_dir: Path, masked: bool = Fa
         train_sampling_strategy="group_by_length" if grouped else "random")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
     if masked:
-        if task != "squad":
-            raise SystemExit("transformers-masked is an ablation of the SQuAD span loss; run it with --tasks squad")
         trainer.compute_loss = types.MethodType(masked_span_loss, trainer)
     return trainer, len(rows), tokenizer
 
@@ -326,9 +324,11 @@ def main() -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    unknown = set(args.contenders.split(",")) - set(CONTENDERS + ABLATIONS)
+    unknown = set(args.contenders.split(",")) - set(KNOWN)
     if unknown:
-        raise SystemExit(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS + ABLATIONS)}")
+        raise SystemExit(f"unknown contenders {sorted(unknown)}; choose from {', '.join(KNOWN)}")
+    if "transformers-masked" in args.contenders.split(",") and args.tasks != "squad":
+        raise SystemExit("transformers-masked is an ablation of the SQuAD span loss; run it with --tasks squad")
     for task in args.tasks.split(","):
         started = time.time()
         result = run_task(task, args.contenders.split(","), args.chunk, args.seed)
@@ -376,7 +376,7 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"{task['steps']:,} steps.", "", _machine({**r, **task}), ""]
         scale = 1.0 if task["task"] == "squad" else 100.0  # SQuAD's official scores are already percentages
         rows = []
-        order = {name: i for i, name in enumerate(CONTENDERS + ABLATIONS)}
+        order = {name: i for i, name in enumerate(KNOWN)}
         grouped = any("speedup_vs_transformers-grouped" in row for row in task["rows"])
         for row in sorted(task["rows"], key=lambda row: order.get(row["contender"], 99)):
             metrics = ", ".join(f"{k} {scale * v:.2f}" for k, v in row["metrics"].items() if isinstance(v, float))
@@ -399,9 +399,8 @@ def render(r: dict[str, Any]) -> list[str]:
                           "the transformers row; only the loss differs (and the dropout draws: the interleaved "
                           "contenders share torch's random stream). encoderkit's Trainer takes the same steps as "
                           "transformers' (tests/parity/test_trainer.py), so besides encoderkit's length-grouped "
-                          "batches this loss choice is the one systematic difference left in the training step. It "
-                          "does not explain the whole gap: encoderkit scored 14.3-14.7 in these interleaved runs but "
-                          "17.4-18.4 run alone at seed 42 (not yet explained)."]
+                          "batches this loss choice is the one systematic difference left in the training step; it does "
+                          "not explain the whole gap between the two rows."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
 
@@ -416,7 +415,7 @@ def _seed_spread(tasks: list[dict[str, Any]], name: str, scale: float) -> list[s
     seeds = [_key(t)[1] for t in runs]
     main_metric = runs[0]["main_metric"]
     contenders = sorted({row["contender"] for t in runs for row in t["rows"]},
-                        key=lambda c: (CONTENDERS + ABLATIONS).index(c) if c in CONTENDERS + ABLATIONS else 99)
+                        key=lambda c: KNOWN.index(c) if c in KNOWN else 99)
     rows = []
     for contender in contenders:
         values = {_key(t)[1]: scale * row["metrics"][main_metric] for t in runs for row in t["rows"]

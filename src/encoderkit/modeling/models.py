@@ -268,9 +268,15 @@ class EncoderForQuestionAnswering(_TaskModel):
         start, end = self.span_head(out.last_hidden_state)
         loss = None
         if start_positions is not None and end_positions is not None:
-            loss = (span_loss(start, start_positions, attention_mask)
-                    + span_loss(end, end_positions, attention_mask)) / 2
+            loss = qa_loss(start, end, start_positions, end_positions, attention_mask)
         return self._output(out, start_logits=start, end_logits=end, loss=loss)
+
+
+def qa_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
+            end_positions: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Extractive QA's loss: the mean of the start and the end ``span_loss``."""
+    return (span_loss(start_logits, start_positions, attention_mask)
+            + span_loss(end_logits, end_positions, attention_mask)) / 2
 
 
 def span_loss(logits: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
