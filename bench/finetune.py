@@ -18,13 +18,17 @@ Contenders:
 - encoderkit, random batches: no length grouping (the batches transformers' default draws, unpadded);
 - encoderkit bf16 autocast: only where the CPU has native bf16 (otherwise recorded as skipped).
 
-They run in turns of ``--chunk`` optimizer steps until each has finished its epoch, so machine-speed drift
-hits all alike; transformers' Trainer runs in a thread that a callback pauses after each turn. Training
-time excludes evaluation. Every final model is scored by the same code (encoderkit's evaluators:
+Each contender is a process of its own (its own main thread, random stream and thread pool), and they run
+in turns of ``--chunk`` optimizer steps, handed over through pipes, until each has finished its epoch: only
+one computes at a time, and machine-speed drift hits all alike. transformers' Trainer trains on its
+process's main thread; a callback hands the turn back after each chunk. (An earlier version ran the Trainer
+in a thread of the benchmark's process: it trained about 1.4x slower there than on a main thread, which
+flattered encoderkit's ratios, and the contenders shared torch's random stream.) Training time excludes
+evaluation. Every final model is scored by the same code (encoderkit's evaluators:
 accuracy, seqeval-style entity F1, official SQuAD EM/F1); transformers' models are loaded into encoderkit
 for that (outputs equal within 1e-5, tested).
 
-    python bench/finetune.py [--tasks sst2,conll,squad] [--chunk 10] [--contenders ...] [--seed 42]
+    python bench/finetune.py [--tasks sst2,conll,squad] [--chunk 10] [--contenders ...] [--seed 42] [--epochs 0.05]
 """
 from __future__ import annotations
 
@@ -32,7 +36,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,56 +74,126 @@ class EncoderkitContender:
         return self.trainer.model.eval()
 
 
-class TransformersContender:
-    """transformers' Trainer in a thread, paused by a callback after every ``steps`` optimizer steps."""
+# ---------------------------------------------------------------------------------------------
+# One process a contender: each trains on its own main thread with its own random stream and thread pool,
+# and the parent hands the turns over through a pipe (only one contender computes at a time).
+# ---------------------------------------------------------------------------------------------
+def _contender_main(task: str, name: str, seed: int, threads: int, epochs: float, conn) -> None:
+    import logging
+    import traceback
 
-    def __init__(self, name: str, trainer, examples_per_epoch: int) -> None:
-        import transformers
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            setup = prepare(task, work / "ek", group_by_length=name != "encoderkit-random", seed=seed,
+                            bf16=name == "encoderkit-bf16", epochs=epochs)
+            info = {"train_examples": len(setup.train_examples), "train_features": len(setup.train_features),
+                    "valid_examples": len(setup.valid_examples), "steps": setup.trainer.config.max_steps,
+                    "main_metric": setup.kind.main_metric}
+            if name.startswith("encoderkit"):
+                player = EncoderkitContender(name, setup)
+                conn.send(("ready", info))
+                while True:
+                    command, steps = conn.recv()
+                    if command == "evaluate":
+                        break
+                    player.run(steps)
+                    _give_back_memory()
+                    conn.send(("turn", (player.done, player.seconds, player.examples)))
+                quality = setup.evaluate(player.model(), dtype="fp32")
+            else:
+                trainer, count, tokenizer = hf_trainer(task, setup, name.endswith("grouped"), work / name,
+                                                       masked=name.endswith("masked"))
+                conn.send(("ready", info))
+                turns = _transformers_turns(trainer, conn)
+                turns.wait()
+                trainer.train()
+                turns.finish(min(trainer.state.global_step * HYPER["batch_size"], round(count * epochs)))
+                conn.recv()  # evaluate
+                quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / (name + "-out"))
+            conn.send(("quality", quality))
+    except BaseException:  # the parent reports it and stops the other contenders
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
 
-        self.name, self.trainer, self.examples = name, trainer, examples_per_epoch
-        self.seconds, self.finished = 0.0, False
-        self._turn, self._yielded = threading.Event(), threading.Event()
-        self._budget = 0
-        contender = self
 
-        class Pause(transformers.TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                contender._budget -= 1
-                if contender._budget <= 0:
-                    contender._yielded.set()
-                    contender._turn.wait()
-                    contender._turn.clear()
+def _give_back_memory() -> None:
+    """Return freed heap to the system between turns: idle contenders would otherwise each keep their peak
+    (glibc keeps freed activations), and five SQuAD contenders then overrun 24 GiB."""
+    import ctypes
+    import ctypes.util
 
-        trainer.add_callback(Pause())
-        self._thread = threading.Thread(target=self._train, daemon=True)
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
-    def _train(self) -> None:
-        self._turn.wait()
-        self._turn.clear()
+
+def _transformers_turns(trainer, conn):
+    """A callback that gives the turn back to the parent after every ``steps`` optimizer steps of the Trainer."""
+    import transformers
+
+    class Turns(transformers.TrainerCallback):
+        budget, started, seconds = 0, 0.0, 0.0
+
+        def wait(self) -> None:
+            command, self.budget = conn.recv()
+            if command != "run":
+                raise RuntimeError(f"the Trainer was told {command!r} before it finished its epoch")
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.budget -= 1
+            if self.budget <= 0:
+                self.seconds += time.perf_counter() - self.started
+                _give_back_memory()
+                conn.send(("turn", (False, self.seconds, state.global_step * args.per_device_train_batch_size)))
+                self.wait()
+
+        def finish(self, examples: int) -> None:
+            self.seconds += time.perf_counter() - self.started
+            conn.send(("turn", (True, self.seconds, examples)))
+
+    turns = Turns()
+    trainer.add_callback(turns)
+    return turns
+
+
+class Contender:
+    """The parent's handle on a contender's process."""
+
+    def __init__(self, context, task: str, name: str, seed: int, threads: int, epochs: float) -> None:
+        self.name = name
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_contender_main, args=(task, name, seed, threads, epochs, child), daemon=True)
+        self.process.start()
+        child.close()
+        self.done, self.seconds, self.examples = False, 0.0, 0
+        self.info = self._receive("ready")
+
+    def _receive(self, expected: str):
         try:
-            self.trainer.train()
-        finally:
-            self.finished = True
-            self._yielded.set()
-
-    @property
-    def done(self) -> bool:
-        return self.finished
+            kind, value = self.conn.recv()
+        except EOFError:
+            raise SystemExit(f"{self.name}: its process ended without a word (exit code {self.process.exitcode})")
+        if kind == "error":
+            raise SystemExit(f"{self.name} failed:\n{value}")
+        assert kind == expected, (kind, expected)
+        return value
 
     def run(self, steps: int) -> None:
-        if self.finished:
-            return
-        if not self._thread.is_alive():
-            self._thread.start()
-        self._budget = steps
-        self._yielded.clear()
-        started = time.perf_counter()
-        self._turn.set()
-        self._yielded.wait()
-        self.seconds += time.perf_counter() - started
+        if not self.done:
+            self.conn.send(("run", steps))
+            self.done, self.seconds, self.examples = self._receive("turn")
 
-    def model(self):
-        return self.trainer.model.eval()
+    def quality(self) -> dict[str, float]:
+        self.conn.send(("evaluate", 0))
+        value = self._receive("quality")
+        self.process.join()
+        return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +275,7 @@ def hf_trainer(task: str, setup, grouped: bool, out_dir: Path, masked: bool = Fa
                                      label2id={label: i for i, label in enumerate(labels)})
     args = transformers.TrainingArguments(
         output_dir=str(out_dir), per_device_train_batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
-        num_train_epochs=HYPER["epochs"], warmup_steps=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
+        num_train_epochs=setup.recipe.epochs, warmup_steps=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
         max_grad_norm=HYPER["max_grad_norm"], adam_epsilon=HYPER["adam_eps"], seed=setup.recipe.seed, report_to="none",
         save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
         train_sampling_strategy="group_by_length" if grouped else "random")
@@ -222,11 +295,12 @@ def transformers_quality(setup, model, tokenizer, directory: Path) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------
-def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False, seed: int = HYPER["seed"]):
+def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False, seed: int = HYPER["seed"],
+            epochs: float = HYPER["epochs"]):
     from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
 
     data = SHARED / "data"
-    recipe = Recipe(epochs=HYPER["epochs"], batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
+    recipe = Recipe(epochs=epochs, batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
                     warmup_ratio=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
                     max_grad_norm=HYPER["max_grad_norm"], adam_eps=HYPER["adam_eps"], seed=seed,
                     split_seed=HYPER["seed"],
@@ -256,57 +330,43 @@ def probe_emulated_bf16(task: str, work: Path, steps: int = 3) -> str:
             f"emulated; {steps} steps of bf16 autocast ran at {player.examples / player.seconds:.1f} examples/s")
 
 
-def run_task(task: str, contenders: list[str], chunk: int, seed: int = HYPER["seed"]) -> dict[str, Any]:
+def run_task(task: str, contenders: list[str], chunk: int, seed: int = HYPER["seed"],
+             threads: int = 2, epochs: float = HYPER["epochs"]) -> dict[str, Any]:
+    import multiprocessing
+
     from encoderkit.precision import cpu_has_native_bf16
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        players, notes = [], {}
-        reference = None
-        for name in contenders:
-            if name.startswith("encoderkit"):
-                if name == "encoderkit-bf16" and not cpu_has_native_bf16():
-                    notes[name] = probe_emulated_bf16(task, work / name)
-                    continue
-                setup = prepare(task, work / name, group_by_length=name != "encoderkit-random", seed=seed,
-                                bf16=name == "encoderkit-bf16")
-                reference = reference or setup
-                players.append(EncoderkitContender(name, setup))
-        for name in contenders:
-            if name.startswith("transformers"):
-                trainer, count, tokenizer = hf_trainer(task, reference, name.endswith("grouped"), work / name,
-                                                       masked=name.endswith("masked"))
-                player = TransformersContender(name, trainer, count)
-                player.tokenizer = tokenizer
-                players.insert(0, player)
-        print(f"{task}: {len(reference.train_examples):,} training examples ({len(reference.train_features):,} "
-              f"features), {len(reference.valid_examples):,} validation; {reference.trainer.config.max_steps} steps "
-              f"per contender; turns of {chunk} steps")
-        turn = 0
-        while not all(p.done for p in players):
-            for player in players:
-                player.run(chunk)
-            turn += 1
-            if turn % 10 == 0:
-                print("  " + ", ".join(f"{p.name} {p.seconds:,.0f} s" for p in players), flush=True)
-        rows = []
+    context = multiprocessing.get_context("spawn")
+    players, notes = [], {}
+    for name in sorted(contenders, key=lambda n: not n.startswith("transformers")):
+        if name == "encoderkit-bf16" and not cpu_has_native_bf16():
+            with tempfile.TemporaryDirectory() as tmp:
+                notes[name] = probe_emulated_bf16(task, Path(tmp))
+            continue
+        players.append(Contender(context, task, name, seed, threads, epochs))  # set-up runs one process at a time
+    info = players[0].info
+    print(f"{task}: {info['train_examples']:,} training examples ({info['train_features']:,} features), "
+          f"{info['valid_examples']:,} validation; {info['steps']} steps per contender; turns of {chunk} steps; "
+          "one process a contender")
+    turn = 0
+    while not all(p.done for p in players):
         for player in players:
-            if isinstance(player, TransformersContender):
-                quality = transformers_quality(reference, player.model(), player.tokenizer, work / (player.name + "-out"))
-            else:
-                quality = player.setup.evaluate(player.model(), dtype="fp32")
-            rows.append({"contender": player.name, "train_seconds": player.seconds,
-                         "examples_per_second": player.examples / player.seconds, "metrics": quality})
-            print(f"  {player.name:22s} {player.examples / player.seconds:8.1f} examples/s  {quality}")
-        base = {r["contender"]: r["examples_per_second"] for r in rows}
-        for row in rows:
-            for other in ("transformers", "transformers-grouped"):
-                if other in base:
-                    row[f"speedup_vs_{other}"] = row["examples_per_second"] / base[other]
-        return {"task": task, "train_examples": len(reference.train_examples),
-                "train_features": len(reference.train_features), "valid_examples": len(reference.valid_examples),
-                "steps": reference.trainer.config.max_steps, "main_metric": reference.kind.main_metric,
-                "rows": rows, "notes": notes}
+            player.run(chunk)
+        turn += 1
+        if turn % 10 == 0:
+            print("  " + ", ".join(f"{p.name} {p.seconds:,.0f} s" for p in players), flush=True)
+    rows = []
+    for player in players:  # one at a time too
+        quality = player.quality()
+        rows.append({"contender": player.name, "train_seconds": player.seconds,
+                     "examples_per_second": player.examples / player.seconds, "metrics": quality})
+        print(f"  {player.name:22s} {player.examples / player.seconds:8.1f} examples/s  {quality}")
+    base = {r["contender"]: r["examples_per_second"] for r in rows}
+    for row in rows:
+        for other in ("transformers", "transformers-grouped"):
+            if other in base:
+                row[f"speedup_vs_{other}"] = row["examples_per_second"] / base[other]
+    return {"task": task, **info, "rows": rows, "notes": notes, "isolation": "process"}
 
 
 def main() -> None:
@@ -315,6 +375,8 @@ def main() -> None:
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--epochs", type=float, default=HYPER["epochs"],
+                        help=f"a trial run of part of an epoch (e.g. 0.05); only {HYPER['epochs']}-epoch runs are written")
     parser.add_argument("--seed", type=int, default=HYPER["seed"],
                         help="training seed (head, dropout, batch order); the validation carve keeps seed "
                              f"{HYPER['seed']}. Other seeds' results are kept beside seed {HYPER['seed']}'s and "
@@ -331,7 +393,10 @@ def main() -> None:
         raise SystemExit("transformers-masked is an ablation of the SQuAD span loss; run it with --tasks squad")
     for task in args.tasks.split(","):
         started = time.time()
-        result = run_task(task, args.contenders.split(","), args.chunk, args.seed)
+        result = run_task(task, args.contenders.split(","), args.chunk, args.seed, args.threads, args.epochs)
+        if args.epochs != HYPER["epochs"]:
+            print(f"  (--epochs {args.epochs:g}: a trial run, not written to {RESULTS / 'finetune.json'})")
+            continue
         result["wall_seconds"], result["seed"] = time.time() - started, args.seed
         result["machine"], result["date"] = machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         # Written after every task, merged with the tasks of earlier runs: a long run loses nothing when stopped,
@@ -365,15 +430,18 @@ def render(r: dict[str, Any]) -> list[str]:
              f"all-MiniLM-L6-v2, {h['epochs']} epoch, batch {h['batch_size']}, AdamW lr {h['learning_rate']:g}, "
              f"{100 * h['warmup_ratio']:.0f}% warm-up then linear decay, weight decay {h['weight_decay']:g}, clipping "
              f"{h['max_grad_norm']:g}, seed {h['seed']}; max length 128 (SQuAD 384, stride 128). Contenders train in "
-             f"interleaved turns of {r['chunk']} steps; examples/s counts training time only. Every final model is "
-             "scored by the same evaluator (transformers' models are loaded into encoderkit, equal within 1e-5). "
-             "The 2-core machine was shared with other jobs during these runs: the interleaved turns give every "
-             "contender the same load, so the ratios hold, while absolute rates are lower than on an idle machine.", ""]
+             f"interleaved turns of {r['chunk']} steps, one process a contender; examples/s counts training time only. "
+             "Every final model is scored by the same evaluator (transformers' models are loaded into encoderkit, "
+             "equal within 1e-5).", ""]
     for task in [t for t in r["tasks"] if _key(t)[1] == h["seed"]]:
         main_metric = task["main_metric"]
         lines += [f"**{TASK_TITLES.get(task['task'], task['task'])}**: {task['train_examples']:,} training examples "
                   f"({task['train_features']:,} features), {task['valid_examples']:,} validation, "
                   f"{task['steps']:,} steps.", "", _machine({**r, **task}), ""]
+        if task.get("isolation") != "process":
+            lines += ["Measured by the earlier version of this benchmark, which ran transformers' Trainer in a thread "
+                      "of its own process: the Trainer ran about 1.4x slower there than on a main thread, so these "
+                      "speed ratios flatter encoderkit by up to that factor.", ""]
         scale = 1.0 if task["task"] == "squad" else 100.0  # SQuAD's official scores are already percentages
         rows = []
         order = {name: i for i, name in enumerate(KNOWN)}
@@ -395,12 +463,17 @@ def render(r: dict[str, Any]) -> list[str]:
         if any(row["contender"] == "transformers-masked" for row in task["rows"]):
             lines += ["", "transformers-masked is an ablation: transformers' Trainer with encoderkit's span loss, which "
                           "masks padding out of the start/end softmax (transformers' own loss, like BERT's, keeps the "
-                          "padding positions among the candidates). Same model, head initialisation and data order as "
-                          "the transformers row; only the loss differs (and the dropout draws: the interleaved "
-                          "contenders share torch's random stream). encoderkit's Trainer takes the same steps as "
+                          "padding positions among the candidates). Same model, head initialisation, data order and "
+                          "dropout draws as the transformers row (each contender is a process with its own random "
+                          "stream); only the loss differs. encoderkit's Trainer takes the same steps as "
                           "transformers' (tests/parity/test_trainer.py), so besides encoderkit's length-grouped "
                           "batches this loss choice is the one systematic difference left in the training step; it does "
                           "not explain the whole gap between the two rows."]
+        if task["task"] == "squad":
+            lines += ["", "One SQuAD epoch of this size is at the mercy of chance: the dropout draws, the new head's "
+                          "initial weights and the batch order move a contender's F1 by several points from seed to "
+                          "seed (table below). `bench/finetune_parity.py` takes the chance out (dropout 0, the same "
+                          "head, batch order and span loss on both sides) to compare the two training codes alone."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
 

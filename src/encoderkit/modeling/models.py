@@ -287,10 +287,12 @@ def span_loss(logits: torch.Tensor, positions: torch.Tensor, attention_mask: tor
     leaves padding in. Here that is no option: the unpadded path leaves padding states at zero, so padding
     would keep a fixed logit, the head's bias, that training cannot lower (bench/finetune.py's one SQuAD epoch
     scored F1 13.8 and 11.9 that way, 14.7 to 18.4 masked). transformers' padding states are real, and pushing
-    their logits down seems to help short runs: its Trainer with this loss instead of its own scored 1.8 F1
-    lower after one epoch of the 4k-question benchmark at two seeds (22.0 -> 20.2, 17.6 -> 15.8; the
-    transformers-masked ablation of bench/finetune.py). Positions beyond the sequence are ignored, as in
-    transformers."""
+    their logits down seems to help short runs with random batches: its Trainer with this loss instead of its
+    own scored about 2 F1 lower after one epoch of the 4k-question benchmark (22.0 -> 20.2 and 17.6 -> 15.8 at
+    two seeds; the transformers-masked ablation of bench/finetune.py). With this loss on both sides, dropout
+    off, the same head and batch order, encoderkit's and transformers' Trainers give the same loss curve and
+    the same scores after that epoch (bench/finetune_parity.py). Positions beyond the sequence are ignored, as
+    in transformers."""
     logits = logits.float()
     if attention_mask is not None:
         logits = logits.masked_fill(attention_mask == 0, torch.finfo(logits.dtype).min)
