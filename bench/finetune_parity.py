@@ -83,6 +83,7 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
             trainer = transformers.Trainer(model=model, args=args, train_dataset=[rows[int(i)] for i in order],
                                            data_collator=collator, callbacks=[Losses()])
             trainer.compute_loss = types.MethodType(bench.masked_span_loss, trainer)
+            started = time.perf_counter()
             trainer.train()
             seconds = time.perf_counter() - started
             quality = bench.transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")
@@ -111,6 +112,20 @@ def main() -> None:
     print(f"largest loss difference over {len(ek)} steps: {largest:.2e} (transformers logs losses to 4 digits)")
     if args.epochs == 1.0:
         write_result("finetune_parity", {"dropout": args.dropout, "sides": results, "largest_loss_difference": largest})
+
+
+def render(r: dict) -> list[str]:
+    """The BENCHMARKS.md section (bench/report.py calls this)."""
+    from report import _table
+
+    rows = [[side, f"{v['metrics']['exact_match']:.2f}", f"{v['metrics']['f1']:.2f}", f"{v['seconds']:,.0f}",
+             f"{v['losses'][0]:.4f} -> {v['losses'][-1]:.4f}"] for side, v in r["sides"].items()]
+    return ["## Fine-tuning parity with the chance taken out (`bench/finetune_parity.py`)", "",
+            f"One SQuAD epoch of bench/finetune.py's benchmark with dropout {r['dropout']:g}, the same initial head, "
+            "batch order and span loss on both sides.", "",
+            *_table(["side", "exact match", "F1", "train s", "loss, first -> last step"], rows), "",
+            f"Largest difference between the two loss curves: {r['largest_loss_difference']:.2e} "
+            f"over {len(next(iter(r['sides'].values()))['losses'])} steps.", ""]
 
 
 if __name__ == "__main__":
