@@ -22,9 +22,8 @@ Each contender is a process of its own (its own main thread, random stream and t
 in turns of ``--chunk`` optimizer steps, handed over through pipes, until each has finished its epoch: only
 one computes at a time, and machine-speed drift hits all alike. transformers' Trainer trains on its
 process's main thread; a callback hands the turn back after each chunk. (An earlier version ran the Trainer
-in a thread of the benchmark's process: it trained about 1.4x slower there than on a main thread, which
-flattered encoderkit's ratios, and the contenders shared torch's random stream.) Training time excludes
-evaluation. Every final model is scored by the same code (encoderkit's evaluators:
+in a thread of the benchmark's process, where the contenders shared torch's random stream and so drew one
+another's dropout masks.) Training time excludes evaluation. Every final model is scored by the same code (encoderkit's evaluators:
 accuracy, seqeval-style entity F1, official SQuAD EM/F1); transformers' models are loaded into encoderkit
 for that (outputs equal within 1e-5, tested).
 
@@ -33,6 +32,7 @@ for that (outputs equal within 1e-5, tested).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -120,16 +120,23 @@ def _contender_main(task: str, name: str, seed: int, threads: int, epochs: float
         conn.close()
 
 
-def _give_back_memory() -> None:
-    """Return freed heap to the system between turns: idle contenders would otherwise each keep their peak
-    (glibc keeps freed activations), and five SQuAD contenders then overrun 24 GiB."""
+@functools.cache
+def _malloc_trim():
     import ctypes
     import ctypes.util
 
     try:
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
     except (OSError, AttributeError):  # not glibc
-        pass
+        return None
+
+
+def _give_back_memory() -> None:
+    """Return freed heap to the system between turns: idle contenders would otherwise each keep their peak
+    (glibc keeps freed activations), and five SQuAD contenders then overrun 24 GiB."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _transformers_turns(trainer, conn):
@@ -254,6 +261,18 @@ def masked_span_loss(trainer, model, inputs, return_outputs=False, num_items_in_
     return (loss, outputs) if return_outputs else loss
 
 
+def hf_training_args(out_dir: Path, recipe, sampling: str, log_every_step: bool = False):
+    """transformers' TrainingArguments for HYPER, with the recipe's seed and epochs (trial runs shorten them)."""
+    import transformers
+
+    return transformers.TrainingArguments(
+        output_dir=str(out_dir), per_device_train_batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
+        num_train_epochs=recipe.epochs, warmup_steps=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
+        max_grad_norm=HYPER["max_grad_norm"], adam_epsilon=HYPER["adam_eps"], seed=recipe.seed, report_to="none",
+        save_strategy="no", logging_strategy="steps" if log_every_step else "no", logging_steps=1, use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy=sampling)
+
+
 def hf_trainer(task: str, setup, grouped: bool, out_dir: Path, masked: bool = False):
     import types
 
@@ -273,12 +292,7 @@ def hf_trainer(task: str, setup, grouped: bool, out_dir: Path, masked: bool = Fa
                 else transformers.AutoModelForTokenClassification)
         model = auto.from_pretrained(path, num_labels=len(labels), id2label=dict(enumerate(labels)),
                                      label2id={label: i for i, label in enumerate(labels)})
-    args = transformers.TrainingArguments(
-        output_dir=str(out_dir), per_device_train_batch_size=HYPER["batch_size"], learning_rate=HYPER["learning_rate"],
-        num_train_epochs=setup.recipe.epochs, warmup_steps=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
-        max_grad_norm=HYPER["max_grad_norm"], adam_epsilon=HYPER["adam_eps"], seed=setup.recipe.seed, report_to="none",
-        save_strategy="no", logging_strategy="no", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
-        train_sampling_strategy="group_by_length" if grouped else "random")
+    args = hf_training_args(out_dir, setup.recipe, "group_by_length" if grouped else "random")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
     if masked:
         trainer.compute_loss = types.MethodType(masked_span_loss, trainer)
@@ -366,7 +380,7 @@ def run_task(task: str, contenders: list[str], chunk: int, seed: int = HYPER["se
         for other in ("transformers", "transformers-grouped"):
             if other in base:
                 row[f"speedup_vs_{other}"] = row["examples_per_second"] / base[other]
-    return {"task": task, **info, "rows": rows, "notes": notes, "isolation": "process"}
+    return {"task": task, **info, "rows": rows, "notes": notes}
 
 
 def main() -> None:
@@ -438,10 +452,6 @@ def render(r: dict[str, Any]) -> list[str]:
         lines += [f"**{TASK_TITLES.get(task['task'], task['task'])}**: {task['train_examples']:,} training examples "
                   f"({task['train_features']:,} features), {task['valid_examples']:,} validation, "
                   f"{task['steps']:,} steps.", "", _machine({**r, **task}), ""]
-        if task.get("isolation") != "process":
-            lines += ["Measured by the earlier version of this benchmark, which ran transformers' Trainer in a thread "
-                      "of its own process: the Trainer ran about 1.4x slower there than on a main thread, so these "
-                      "speed ratios flatter encoderkit by up to that factor.", ""]
         scale = 1.0 if task["task"] == "squad" else 100.0  # SQuAD's official scores are already percentages
         rows = []
         order = {name: i for i, name in enumerate(KNOWN)}

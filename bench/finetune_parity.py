@@ -49,12 +49,11 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
                     module.p = dropout
                 if isinstance(module, SelfAttention):
                     module.dropout_p = dropout
-            player = bench.EncoderkitContender(kind, setup)
-            losses = []
-            while not player.done:
-                losses.append(player.trainer.train_step()["loss"])
+            trainer = setup.trainer
+            trainer.begin(resume=False)
+            losses = [trainer.train_step()["loss"] for _ in range(trainer.config.max_steps)]
             seconds = time.perf_counter() - started
-            quality = setup.evaluate(player.model(), dtype="fp32")
+            quality = setup.evaluate(trainer.model.eval(), dtype="fp32")
         else:
             import transformers
 
@@ -66,13 +65,7 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
             model = transformers.AutoModelForQuestionAnswering.from_pretrained(
                 path, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
             model.qa_outputs.load_state_dict(setup.model.span_head.out.state_dict())
-            h = bench.HYPER
-            args = transformers.TrainingArguments(
-                output_dir=str(work / "hf"), per_device_train_batch_size=h["batch_size"],
-                learning_rate=h["learning_rate"], num_train_epochs=epochs, warmup_steps=h["warmup_ratio"],
-                weight_decay=h["weight_decay"], max_grad_norm=h["max_grad_norm"], adam_epsilon=h["adam_eps"],
-                seed=h["seed"], report_to="none", save_strategy="no", logging_strategy="steps", logging_steps=1,
-                use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy="sequential")
+            args = bench.hf_training_args(work / "hf", setup.recipe, "sequential", log_every_step=True)
             losses = []
 
             class Losses(transformers.TrainerCallback):
@@ -109,7 +102,7 @@ def main() -> None:
     for step in range(0, min(len(ek), len(hf)), 10):
         print(f"  step {step + 1:4d}  loss encoderkit {ek[step]:.4f}  transformers {hf[step]:.4f}")
     largest = max(abs(a - b) for a, b in zip(ek, hf))
-    print(f"largest loss difference over {len(ek)} steps: {largest:.2e} (transformers logs losses to 4 digits)")
+    print(f"largest loss difference over {len(ek)} steps: {largest:.2e}")
     if args.epochs == 1.0:
         write_result("finetune_parity", {"dropout": args.dropout, "sides": results, "largest_loss_difference": largest})
 
