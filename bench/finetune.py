@@ -394,7 +394,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=HYPER["seed"],
                         help="training seed (head, dropout, batch order); the validation carve keeps seed "
                              f"{HYPER['seed']}. Other seeds' results are kept beside seed {HYPER['seed']}'s and "
-                             "summarised as the seed spread")
+                             "summarised as the seed spread; there a run of some contenders keeps the rows of the "
+                             "others")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import logging
@@ -419,6 +420,14 @@ def main() -> None:
         path = RESULTS / "finetune.json"
         if path.is_file():
             earlier = {_key(t): t for t in json.loads(path.read_text(encoding="utf-8")).get("tasks", [])}
+        if _key(result) in earlier and _key(result)[1] != HYPER["seed"]:
+            # Another seed's quality runs add up: contenders this run did not train keep their earlier rows
+            # (each row keeps the date of its own run; speed-ups compare only contenders of one run).
+            ran = {row["contender"] for row in result["rows"]}
+            kept = [row for row in earlier[_key(result)]["rows"] if row["contender"] not in ran]
+            for row in kept:
+                row.setdefault("date", earlier[_key(result)]["date"])
+            result["rows"] = kept + [{**row, "date": result["date"]} for row in result["rows"]]
         earlier[_key(result)] = result
         order = ["sst2", "conll", "squad"]
         tasks = sorted(earlier.values(), key=lambda t: (order.index(t["task"]) if t["task"] in order else 99,
@@ -483,7 +492,10 @@ def render(r: dict[str, Any]) -> list[str]:
             lines += ["", "One SQuAD epoch of this size is at the mercy of chance: the dropout draws, the new head's "
                           "initial weights and the batch order move a contender's F1 by several points from seed to "
                           "seed (table below). `bench/finetune_parity.py` takes the chance out (dropout 0, the same "
-                          "head, batch order and span loss on both sides) to compare the two training codes alone."]
+                          "head, batch order and span loss on both sides) to compare the two training codes alone. "
+                          "encoderkit-random is encoderkit's Trainer without length grouping: random batches, as in "
+                          "the default transformers row (its attention still pads each batch to its longest "
+                          "sequence, hence its speed)."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
 
@@ -497,18 +509,32 @@ def _seed_spread(tasks: list[dict[str, Any]], name: str, scale: float) -> list[s
         return []
     seeds = [_key(t)[1] for t in runs]
     main_metric = runs[0]["main_metric"]
-    contenders = sorted({row["contender"] for t in runs for row in t["rows"]},
+    scores = {_key(t)[1]: {row["contender"]: scale * row["metrics"][main_metric] for row in t["rows"]} for t in runs}
+    contenders = sorted({c for at_seed in scores.values() for c in at_seed},
                         key=lambda c: KNOWN.index(c) if c in KNOWN else 99)
     rows = []
     for contender in contenders:
-        values = {_key(t)[1]: scale * row["metrics"][main_metric] for t in runs for row in t["rows"]
-                  if row["contender"] == contender}
+        values = {seed: at_seed[contender] for seed, at_seed in scores.items() if contender in at_seed}
         spread = list(values.values())
         summary = f"{statistics.mean(spread):.2f}" + (f" ± {statistics.stdev(spread):.2f}" if len(spread) > 1 else "")
         rows.append([contender, *[f"{values[s]:.2f}" if s in values else "" for s in seeds], summary])
-    return [f"Seed spread ({main_metric}" + (" x100" if scale != 1.0 else "") + "; training seeds differ, the data "
-            "and the validation carve do not; `--seed N`):", "",
-            *_table(["contender", *[f"seed {s}" for s in seeds], "mean ± sd"], rows), ""]
+    lines = [f"Seed spread ({main_metric}" + (" x100" if scale != 1.0 else "") + "; training seeds differ, the data "
+             "and the validation carve do not; `--seed N`):", "",
+             *_table(["contender", *[f"seed {s}" for s in seeds], "mean ± sd"], rows), ""]
+    paired = []
+    for contender in [c for c in contenders if c.startswith("encoderkit")]:
+        for reference in ("transformers", "transformers-grouped"):
+            differences = [at_seed[contender] - at_seed[reference] for at_seed in scores.values()
+                           if contender in at_seed and reference in at_seed]
+            if len(differences) >= 2:
+                mean, sd = statistics.mean(differences), statistics.stdev(differences)
+                error = sd / len(differences) ** 0.5
+                paired.append([f"{contender} − {reference}", str(len(differences)), f"{mean:+.2f}", f"{sd:.2f}",
+                               f"{error:.2f}", f"{mean - 2 * error:+.2f} .. {mean + 2 * error:+.2f}"])
+    if paired:
+        lines += ["Differences at equal seeds (a negative mean: encoderkit scored lower):", "",
+                  *_table(["pair", "seeds", "mean", "sd", "standard error", "mean ± 2 standard errors"], paired), ""]
+    return lines
 
 
 if __name__ == "__main__":
