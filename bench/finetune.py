@@ -104,7 +104,7 @@ def _contender_main(task: str, name: str, seed: int, threads: int, epochs: float
                     conn.send(("turn", (player.done, player.seconds, player.examples)))
                 quality = setup.evaluate(player.model(), dtype="fp32")
             else:
-                trainer, count, tokenizer = hf_trainer(task, setup, name.endswith("grouped"), work / name,
+                trainer, count, tokenizer = hf_trainer(task, setup, "group_by_length" if name.endswith("grouped") else "random", work / name,
                                                        masked=name.endswith("masked"))
                 conn.send(("ready", info))
                 turns = _transformers_turns(trainer, conn)
@@ -273,7 +273,10 @@ def hf_training_args(out_dir: Path, recipe, sampling: str, log_every_step: bool 
         dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy=sampling)
 
 
-def hf_trainer(task: str, setup, grouped: bool, out_dir: Path, masked: bool = False):
+def hf_trainer(task: str, setup, sampling: str, out_dir: Path, masked: bool = False, order=None,
+               model_options: dict[str, Any] | None = None, log_every_step: bool = False):
+    """transformers' model, features and Trainer for a task. ``order``: the rows in this order (with
+    ``sampling="sequential"``); ``model_options``: config overrides (e.g. dropout)."""
     import types
 
     import transformers
@@ -285,14 +288,16 @@ def hf_trainer(task: str, setup, grouped: bool, out_dir: Path, masked: bool = Fa
     rows, collator = hf_features(task, setup, tokenizer)
     torch.manual_seed(setup.recipe.seed)
     if task == "squad":
-        model = transformers.AutoModelForQuestionAnswering.from_pretrained(path)
+        model = transformers.AutoModelForQuestionAnswering.from_pretrained(path, **(model_options or {}))
     else:
         labels = setup.model.config.labels
         auto = (transformers.AutoModelForSequenceClassification if task == "sst2"
                 else transformers.AutoModelForTokenClassification)
         model = auto.from_pretrained(path, num_labels=len(labels), id2label=dict(enumerate(labels)),
-                                     label2id={label: i for i, label in enumerate(labels)})
-    args = hf_training_args(out_dir, setup.recipe, "group_by_length" if grouped else "random")
+                                     label2id={label: i for i, label in enumerate(labels)}, **(model_options or {}))
+    args = hf_training_args(out_dir, setup.recipe, sampling, log_every_step)
+    if order is not None:
+        rows = [rows[int(i)] for i in order]
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
     if masked:
         trainer.compute_loss = types.MethodType(masked_span_loss, trainer)

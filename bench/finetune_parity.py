@@ -24,7 +24,6 @@ import argparse
 import multiprocessing
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -40,7 +39,6 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
         work = Path(tmp)
         setup = bench.prepare("squad", work / "ek", group_by_length=False, epochs=epochs)
         order = setup.trainer._order(0)
-        started = time.perf_counter()
         if kind == "encoderkit":
             from encoderkit.modeling.attention import SelfAttention
 
@@ -50,6 +48,7 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
                 if isinstance(module, SelfAttention):
                     module.dropout_p = dropout
             trainer = setup.trainer
+            started = time.perf_counter()
             trainer.begin(resume=False)
             losses = [trainer.train_step()["loss"] for _ in range(trainer.config.max_steps)]
             seconds = time.perf_counter() - started
@@ -57,15 +56,10 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
         else:
             import transformers
 
-            from encoderkit import default_model_path
-
-            path = str(default_model_path())
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-            rows, collator = bench.hf_features("squad", setup, tokenizer)
-            model = transformers.AutoModelForQuestionAnswering.from_pretrained(
-                path, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-            model.qa_outputs.load_state_dict(setup.model.span_head.out.state_dict())
-            args = bench.hf_training_args(work / "hf", setup.recipe, "sequential", log_every_step=True)
+            trainer, _, tokenizer = bench.hf_trainer(
+                "squad", setup, "sequential", work / "hf", masked=True, order=order, log_every_step=True,
+                model_options=dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+            trainer.model.qa_outputs.load_state_dict(setup.model.span_head.out.state_dict())
             losses = []
 
             class Losses(transformers.TrainerCallback):
@@ -73,9 +67,7 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
                     if logs and "loss" in logs:
                         losses.append(float(logs["loss"]))
 
-            trainer = transformers.Trainer(model=model, args=args, train_dataset=[rows[int(i)] for i in order],
-                                           data_collator=collator, callbacks=[Losses()])
-            trainer.compute_loss = types.MethodType(bench.masked_span_loss, trainer)
+            trainer.add_callback(Losses())
             started = time.perf_counter()
             trainer.train()
             seconds = time.perf_counter() - started
