@@ -15,7 +15,8 @@ Contenders:
 - transformers, padding masked (SQuAD only, an ablation, not in the default set): the Trainer with encoderkit's
   span loss, padding masked out of the start/end softmax; everything else as the default contender;
 - encoderkit: `encoderkit finetune`'s recipe (length-grouped batches, unpadded training);
-- encoderkit, random batches: no length grouping (the batches transformers' default draws, unpadded);
+- encoderkit, random batches: no length grouping (the batches transformers' default draws, unpadded; attention
+  runs on groups of similar length inside each batch);
 - encoderkit bf16 autocast: only where the CPU has native bf16 (otherwise recorded as skipped).
 
 Each contender is a process of its own (its own main thread, random stream and thread pool), and they run
@@ -499,8 +500,9 @@ def render(r: dict[str, Any]) -> list[str]:
                           "seed (table below). `bench/finetune_parity.py` takes the chance out (dropout 0, the same "
                           "head, batch order and span loss on both sides) to compare the two training codes alone. "
                           "encoderkit-random is encoderkit's Trainer without length grouping: random batches, as in "
-                          "the default transformers row (its attention still pads each batch to its longest "
-                          "sequence, hence its speed)."]
+                          "the default transformers row. Its dense layers run on real tokens only and its attention "
+                          "on groups of similar length within each batch, so random batches cost it little more "
+                          "than length-grouped ones."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
 

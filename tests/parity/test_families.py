@@ -6,6 +6,7 @@ Then encoderkit saves it back and transformers loads that: same outputs again.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -175,10 +176,18 @@ def test_sdpa_path_equals_explicit_path(family: str, tmp_path) -> None:
     assert (fast - want)[real].abs().max() <= TOL
 
 
+@pytest.mark.parametrize("group_overhead", [None, 0], ids=["one-attention-group", "a-group-per-length"])
 @pytest.mark.parametrize("family", ["bert", "roberta"])
-def test_unpadded_training_gives_the_padded_gradients(family: str, tmp_path, monkeypatch) -> None:
-    """Training runs the dense layers on real tokens only; loss and every gradient equal the padded path's."""
+def test_unpadded_training_gives_the_padded_gradients(family: str, group_overhead, tmp_path, monkeypatch) -> None:
+    """Training runs the dense layers on real tokens only and attention on groups of similar length (here
+    one group of all three rows, or one group per row); loss and every gradient equal the padded path's."""
+    from encoderkit.modeling import attention as attention_module
     from encoderkit.modeling import encoder as encoder_module
+
+    if group_overhead is not None:
+        monkeypatch.setattr(attention_module, "GROUP_OVERHEAD", group_overhead)
+    expected_groups = 1 if group_overhead is None else 3
+    assert len(attention_module.length_groups(np.array([13, 9, 6]))) == expected_groups
 
     config = CONFIGS[family]()
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
@@ -204,16 +213,19 @@ def test_unpadded_training_gives_the_padded_gradients(family: str, tmp_path, mon
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
-@pytest.mark.parametrize("unpad", [False, True], ids=["padded", "unpadded"])
-def test_span_loss_ignores_padding(family: str, unpad: bool, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("unpad", [False, True, "grouped"], ids=["padded", "unpadded", "unpadded-by-length"])
+def test_span_loss_ignores_padding(family: str, unpad: bool | str, tmp_path, monkeypatch) -> None:
     """The QA loss of a padded batch is the mean of each example's transformers loss computed alone, without
     padding, and so is every gradient: padding is no answer candidate, whichever path the encoder takes.
     (transformers' own loss on the padded batch puts probability on padding, so it differs.)"""
     from safetensors.torch import load_file
 
+    from encoderkit.modeling import attention as attention_module
     from encoderkit.modeling import encoder as encoder_module
 
-    monkeypatch.setattr(encoder_module, "_worth_unpadding", lambda mask: unpad)
+    monkeypatch.setattr(encoder_module, "_worth_unpadding", lambda mask: bool(unpad))
+    if unpad == "grouped":  # attention on one group per sequence length
+        monkeypatch.setattr(attention_module, "GROUP_OVERHEAD", 0)
     config = CONFIGS[family]()
     for name in [n for n in config.to_dict() if "dropout" in n]:
         setattr(config, name, 0.0)

@@ -3,13 +3,15 @@
 Two layouts of the token states are supported:
 - padded: (batch, length, hidden), padding keys masked by an additive bias;
 - unpadded: (tokens, hidden), only the real tokens of the batch (see ``Unpadding``). The dense
-  projections then run on real tokens alone; the states are re-padded only for the attention product.
+  projections then run on real tokens alone; for the attention product the sequences are re-padded in
+  groups of similar length.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,20 +59,94 @@ def combine_biases(padding: torch.Tensor | None, extra: torch.Tensor | None) -> 
         return extra
     return (padding + extra).clamp(min=torch.finfo(padding.dtype).min)
 
+
+GROUP_OVERHEAD = 64 * 64  # the fixed cost of one more attention call, in units of (sequences x length^2)
+
+
+def length_groups(lengths: np.ndarray, overhead: float | None = None) -> list[np.ndarray]:
+    """Split sequences into groups of similar length whose attention is cheapest in total.
+
+    A group is padded to its longest sequence, and attention costs about ``count * longest**2`` (with
+    dropout the score matrix is materialised, so this is what training pays), plus ``overhead`` per group
+    (default ``GROUP_OVERHEAD``).
+    The sequences, sorted longest first, are cut into contiguous groups by dynamic programming over the
+    runs of equal length. Returns the sequence indices of each group, longest group first."""
+    overhead = GROUP_OVERHEAD if overhead is None else overhead
+    order = np.argsort(-lengths, kind="stable")
+    run_lengths, run_counts = np.unique(lengths, return_counts=True)
+    run_lengths, run_counts = run_lengths[::-1].astype(np.float64), run_counts[::-1]  # longest first, as ``order``
+    before = np.concatenate([[0], np.cumsum(run_counts)])  # sequences before run i
+    runs = len(run_lengths)
+    best = np.zeros(runs + 1)  # best[j]: cheapest split of the first j runs
+    cut = np.zeros(runs + 1, dtype=np.int64)
+    for j in range(1, runs + 1):
+        starts = np.arange(j)  # a group of runs start..j-1, padded to run start's length
+        costs = best[:j] + (before[j] - before[starts]) * run_lengths[starts] ** 2 + overhead
+        cut[j] = int(np.argmin(costs))
+        best[j] = costs[cut[j]]
+    bounds, j = [], runs
+    while j > 0:
+        bounds.append((int(before[cut[j]]), int(before[j])))
+        j = int(cut[j])
+    return [order[start:end] for start, end in reversed(bounds)]
+
+
+@dataclass
+class AttentionGroup:
+    """Sequences attended together, padded to the longest of them: a (count, length) grid of token slots."""
+
+    gather: torch.Tensor  # (count * length,) the packed-token row in each slot; padding slots repeat a real row
+    real: torch.Tensor | None  # (the group's tokens,) the slots that hold real tokens; None when none is padding
+    count: int
+    length: int
+    bias: torch.Tensor | None  # (count, 1, 1, length) additive key mask; None when none is padding
+
+
 @dataclass
 class Unpadding:
-    """Where the real tokens of a padded (batch, length) batch are, to move states between the layouts."""
+    """Where the real tokens of a padded (batch, length) batch are, to move states between the layouts.
+
+    Attention has to see whole sequences, so it runs on groups of sequences of similar length, each
+    re-padded only to its own longest sequence: with random batches this pads a few percent instead of
+    half the grid (see ``length_groups``)."""
 
     indices: torch.Tensor  # (tokens,) positions of the real tokens in the flattened (batch * length) grid
     batch: int
     length: int
-    bias: torch.Tensor  # (batch, 1, 1, length) additive key mask for the re-padded attention
+    groups: list[AttentionGroup]
+    restore: torch.Tensor  # (tokens,) each packed token's row in the groups' real tokens, concatenated
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, dtype: torch.dtype) -> "Unpadding":
         batch, length = attention_mask.shape
-        indices = attention_mask.reshape(-1).nonzero().squeeze(1)
-        return cls(indices, batch, length, padding_bias(attention_mask, dtype))
+        device = attention_mask.device
+        mask = attention_mask.to(torch.bool)
+        indices = mask.reshape(-1).nonzero().squeeze(1)
+        lengths = mask.sum(1).cpu().numpy()
+        # Each row's real tokens are contiguous in the packed order, wherever the row's padding is.
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        groups, placed = [], []
+        nonempty = np.flatnonzero(lengths)  # an all-padding row has no token to attend with
+        for members in (nonempty[group] for group in length_groups(lengths[nonempty])):
+            longest = int(lengths[members].max())
+            within = np.arange(longest)
+            grid_real = within[None, :] < lengths[members][:, None]  # (count, longest)
+            # Padding slots point at the sequence's first token: finite values, masked as keys, outputs unused.
+            rows = starts[members][:, None] + np.where(grid_real, within[None, :], 0)
+            padded = not bool(grid_real.all())
+            bias = None
+            if padded:
+                keep = torch.as_tensor(grid_real, device=device)[:, None, None, :]
+                bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, torch.finfo(dtype).min)
+            groups.append(AttentionGroup(
+                torch.as_tensor(rows.reshape(-1), device=device),
+                torch.as_tensor(np.flatnonzero(grid_real), device=device) if padded else None,
+                len(members), longest, bias))
+            placed.append(rows[grid_real])
+        order = np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)  # packed rows in the order the groups give them back
+        restore = np.empty_like(order)
+        restore[order] = np.arange(len(order))
+        return cls(indices, batch, length, groups, torch.as_tensor(restore, device=device))
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
         """(batch, length, ...) -> (tokens, ...)."""
@@ -80,6 +156,20 @@ class Unpadding:
         """(tokens, ...) -> (batch, length, ...), zeros at padding (differentiable)."""
         grid = tokens.new_zeros(self.batch * self.length, *tokens.shape[1:])
         return grid.index_copy(0, self.indices, tokens).view(self.batch, self.length, *tokens.shape[1:])
+
+    def attend(self, qkv: torch.Tensor, num_heads: int, dropout_p: float) -> torch.Tensor:
+        """SDPA of packed (tokens, 3 * hidden) queries, keys and values, group by group: (tokens, hidden)."""
+        hidden = qkv.shape[1] // 3
+        outputs = []
+        for group in self.groups:
+            grid = qkv.index_select(0, group.gather).view(group.count, group.length, 3, num_heads, -1)
+            q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=group.bias, dropout_p=dropout_p)
+            context = context.transpose(1, 2).reshape(group.count * group.length, hidden)
+            outputs.append(context if group.real is None else context.index_select(0, group.real))
+        if not outputs:  # a batch without a single real token
+            return qkv.new_zeros(0, hidden)
+        return torch.cat(outputs).index_select(0, self.restore)
 
 
 class SelfAttention(nn.Module):
@@ -105,12 +195,11 @@ class SelfAttention(nn.Module):
         unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         qkv = self._qkv(x)
-        if unpadding is not None:  # (tokens, 3 * hidden): re-pad for the attention product only
-            qkv = unpadding.pad(qkv)
-            bias = unpadding.bias
+        dropout_p = self.dropout_p if self.training else 0.0
+        if unpadding is not None:  # (tokens, 3 * hidden): attention on groups of similar length
+            return self.output(unpadding.attend(qkv, self.num_heads, dropout_p)), None
         batch, length, _ = qkv.shape
         q, k, v = qkv.view(batch, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        dropout_p = self.dropout_p if self.training else 0.0
         probs = None
         if return_probs:
             scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
@@ -121,6 +210,4 @@ class SelfAttention(nn.Module):
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
         context = context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)
         return self.output(context), probs
