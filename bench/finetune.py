@@ -105,7 +105,8 @@ def _contender_main(task: str, name: str, seed: int, threads: int, epochs: float
                     conn.send(("turn", (player.done, player.seconds, player.examples)))
                 quality = setup.evaluate(player.model(), dtype="fp32")
             else:
-                trainer, count, tokenizer = hf_trainer(task, setup, "group_by_length" if name.endswith("grouped") else "random", work / name,
+                sampling = "group_by_length" if name.endswith("grouped") else "random"
+                trainer, count, tokenizer = hf_trainer(task, setup, sampling, work / name,
                                                        masked=name.endswith("masked"))
                 conn.send(("ready", info))
                 turns = _transformers_turns(trainer, conn)

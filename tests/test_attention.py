@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from encoderkit import EncoderConfig, build_model
+from encoderkit.modeling import attention as attention_module
 from encoderkit.modeling import encoder as encoder_module
 from encoderkit.modeling.attention import Unpadding, length_groups
 
@@ -63,8 +64,6 @@ def test_unpadding_round_trip_with_left_padding_and_an_empty_row() -> None:
 @pytest.mark.parametrize("overhead", [0, 4096])
 def test_grouped_attention_equals_padded_attention_with_left_padding(overhead: int, monkeypatch) -> None:
     """Rows padded on the left, right or both give the same real-token states as the padded path."""
-    from encoderkit.modeling import attention as attention_module
-
     monkeypatch.setattr(attention_module, "GROUP_OVERHEAD", overhead)
     config = EncoderConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            intermediate_size=64, max_position_embeddings=32)

@@ -114,7 +114,7 @@ class Unpadding:
     batch: int
     length: int
     groups: list[AttentionGroup]
-    restore: torch.Tensor  # (tokens,) each packed token's row in the groups' real tokens, concatenated
+    restore: torch.Tensor | None  # (tokens,) each packed token's row in the groups' outputs; None: the same row
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, dtype: torch.dtype) -> "Unpadding":
@@ -128,25 +128,23 @@ class Unpadding:
         groups, placed = [], []
         nonempty = np.flatnonzero(lengths)  # an all-padding row has no token to attend with
         for members in (nonempty[group] for group in length_groups(lengths[nonempty])):
-            longest = int(lengths[members].max())
+            longest = int(lengths[members[0]])  # groups come sorted longest first
             within = np.arange(longest)
             grid_real = within[None, :] < lengths[members][:, None]  # (count, longest)
             # Padding slots point at the sequence's first token: finite values, masked as keys, outputs unused.
             rows = starts[members][:, None] + np.where(grid_real, within[None, :], 0)
-            padded = not bool(grid_real.all())
-            bias = None
-            if padded:
-                keep = torch.as_tensor(grid_real, device=device)[:, None, None, :]
-                bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, torch.finfo(dtype).min)
-            groups.append(AttentionGroup(
-                torch.as_tensor(rows.reshape(-1), device=device),
-                torch.as_tensor(np.flatnonzero(grid_real), device=device) if padded else None,
-                len(members), longest, bias))
+            bias = padding_bias(torch.as_tensor(grid_real, device=device), dtype)
+            real = None if bias is None else torch.as_tensor(np.flatnonzero(grid_real), device=device)
+            groups.append(AttentionGroup(torch.as_tensor(rows.reshape(-1), device=device), real, len(members),
+                                         longest, bias))
             placed.append(rows[grid_real])
-        order = np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)  # packed rows in the order the groups give them back
-        restore = np.empty_like(order)
-        restore[order] = np.arange(len(order))
-        return cls(indices, batch, length, groups, torch.as_tensor(restore, device=device))
+        order = np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)  # the rows as groups return them
+        restore = None
+        if not np.array_equal(order, np.arange(len(order))):  # e.g. length-grouped batches come back in order
+            restore = np.empty_like(order)
+            restore[order] = np.arange(len(order))
+            restore = torch.as_tensor(restore, device=device)
+        return cls(indices, batch, length, groups, restore)
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
         """(batch, length, ...) -> (tokens, ...)."""
@@ -169,7 +167,8 @@ class Unpadding:
             outputs.append(context if group.real is None else context.index_select(0, group.real))
         if not outputs:  # a batch without a single real token
             return qkv.new_zeros(0, hidden)
-        return torch.cat(outputs).index_select(0, self.restore)
+        context = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        return context if self.restore is None else context.index_select(0, self.restore)
 
 
 class SelfAttention(nn.Module):
