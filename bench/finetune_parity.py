@@ -2,7 +2,7 @@
 
 bench/finetune.py compares the two the way users run them, with dropout on: then every contender draws its own
 dropout masks, head initialisation and batch order, and one SQuAD epoch of the 4k-question benchmark lands
-anywhere between F1 14 and 25 depending on those draws. This script takes the chance out, to show what is left
+several F1 points apart depending on those draws. This script takes the chance out, to show what is left
 when it is gone:
 
 - dropout 0 in both models (hidden and attention probabilities);
@@ -11,7 +11,8 @@ when it is gone:
   with ``train_sampling_strategy="sequential"``);
 - the same span loss (encoderkit's, padding masked; transformers' own keeps padding among the candidates,
   which is the ``transformers-masked`` ablation of bench/finetune.py);
-- everything else as bench/finetune.py: the same features, AdamW, warm-up, decay, clipping, batch 32, 1 epoch.
+- everything else as bench/finetune.py: the same features, AdamW, warm-up, decay, clipping, batch size
+  (bench/finetune.py's SQuAD batch), 1 epoch.
 
 It prints both loss curves side by side and both final SQuAD scores (the same evaluator), and writes
 bench/results/finetune_parity.json. Each side runs in a process of its own.
@@ -96,7 +97,10 @@ def main() -> None:
     largest = max(abs(a - b) for a, b in zip(ek, hf))
     print(f"largest loss difference over {len(ek)} steps: {largest:.2e}")
     if args.epochs == 1.0:
-        write_result("finetune_parity", {"dropout": args.dropout, "sides": results, "largest_loss_difference": largest})
+        import finetune as bench
+
+        write_result("finetune_parity", {"dropout": args.dropout, "batch_size": bench.hyper("squad")["batch_size"],
+                                         "sides": results, "largest_loss_difference": largest})
 
 
 def render(r: dict) -> list[str]:
@@ -106,7 +110,8 @@ def render(r: dict) -> list[str]:
     rows = [[side, f"{v['metrics']['exact_match']:.2f}", f"{v['metrics']['f1']:.2f}", f"{v['seconds']:,.0f}",
              f"{v['losses'][0]:.4f} -> {v['losses'][-1]:.4f}"] for side, v in r["sides"].items()]
     return ["## Fine-tuning parity with the chance taken out (`bench/finetune_parity.py`)", "",
-            f"One SQuAD epoch of bench/finetune.py's benchmark with dropout {r['dropout']:g}, the same initial head, "
+            f"One SQuAD epoch of bench/finetune.py's benchmark (batch {r.get('batch_size', 32)}) with dropout "
+            f"{r['dropout']:g}, the same initial head, "
             "batch order and span loss on both sides.", "",
             *_table(["side", "exact match", "F1", "train s", "loss, first -> last step"], rows), "",
             f"Largest difference between the two loss curves: {r['largest_loss_difference']:.2e} "
