@@ -14,10 +14,11 @@ Contenders:
 - transformers, length-grouped: the same with `train_sampling_strategy="group_by_length"`;
 - transformers, padding masked (SQuAD only, an ablation, not in the default set): the Trainer with encoderkit's
   span loss, padding masked out of the start/end softmax; everything else as the default contender;
-- encoderkit: `encoderkit finetune`'s recipe (length-grouped batches, unpadded training);
-- encoderkit, random batches: no length grouping (the batches transformers' default draws, unpadded; attention
-  runs on groups of similar length inside each batch);
-- encoderkit bf16 autocast: only where the CPU has native bf16 (otherwise recorded as skipped).
+- encoderkit: `encoderkit finetune`'s recipe with length-grouped batches (the recipe's default for SST-2 and CoNLL),
+  unpadded training;
+- encoderkit, random batches: no length grouping (the batches transformers' default draws, and the recipe's default
+  for QA), unpadded; attention runs on groups of similar length inside each batch;
+- encoderkit bf16 autocast: length-grouped; only where the CPU has native bf16 (otherwise recorded as skipped).
 
 Each contender is a process of its own (its own main thread, random stream and thread pool), and they run
 in turns of ``--chunk`` optimizer steps, handed over through pipes, until each has finished its epoch: only
@@ -48,9 +49,8 @@ from common import RESULTS, SHARED, machine, require, sst2_rows, write_result, w
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
              adam_eps=1e-8, seed=42, epochs=1)
 # SQuAD trains with batch 16 (the BERT paper's other batch size): its one epoch of 4,330 features is 136 steps at
-# batch 32, after which the model has barely begun to find spans (F1 15-22) and the seed moves F1 by 3-5 points
-# (sd over four seeds, both trainers), more than the 0.5-point tolerance the comparison is judged by. 271 steps at
-# batch 16 reach F1 about 30.
+# batch 32, after which the models had barely begun to find spans (F1 15-22 over four seeds, both trainers). 271
+# steps at batch 16 reach F1 27-39. The seed still moves F1 by several points (BENCHMARKS.md's seed spread).
 TASK_HYPER = {"squad": dict(batch_size=16)}
 
 
@@ -501,24 +501,30 @@ def render(r: dict[str, Any]) -> list[str]:
                          (" (x100)" if scale != 1.0 else "")], rows)
         for name, note in task.get("notes", {}).items():
             lines += ["", f"{name}: {note}"]
-        if any(row["contender"] == "transformers-masked" for row in task["rows"]):
+        if any(row["contender"] == "transformers-masked" for t in r["tasks"] if t["task"] == task["task"]
+               for row in t["rows"]):
             lines += ["", "transformers-masked is an ablation: transformers' Trainer with encoderkit's span loss, which "
                           "masks padding out of the start/end softmax (transformers' own loss, like BERT's, keeps the "
                           "padding positions among the candidates). Same model, head initialisation, data order and "
                           "dropout draws as the transformers row (each contender is a process with its own random "
                           "stream); only the loss differs. encoderkit's Trainer takes the same steps as "
                           "transformers' (tests/parity/test_trainer.py), so besides encoderkit's length-grouped "
-                          "batches this loss choice is the one systematic difference left in the training step; it does "
-                          "not explain the whole gap between the two rows."]
+                          "batches this loss choice is the one systematic difference left in the training step. "
+                          "Compare it with the transformers row at the same seed."]
         if task["task"] == "squad":
             lines += ["", "One SQuAD epoch of this size is at the mercy of chance: the dropout draws, the new head's "
-                          "initial weights and the batch order move a contender's F1 by several points from seed to "
-                          "seed (table below). `bench/finetune_parity.py` takes the chance out (dropout 0, the same "
-                          "head, batch order and span loss on both sides) to compare the two training codes alone. "
-                          "encoderkit-random is encoderkit's Trainer without length grouping: random batches, as in "
-                          "the default transformers row. Its dense layers run on real tokens only and its attention "
-                          "on groups of similar length within each batch, so random batches cost it little more "
-                          "than length-grouped ones."]
+                          "initial weights and the batch order move a contender's F1 from seed to seed (table below). "
+                          "It trains with batch 16 (271 steps): at batch 32 (136 steps) the models had barely begun to "
+                          "find spans (F1 15-22); the seed moves F1 by several points at either batch size. "
+                          "`bench/finetune_parity.py` takes "
+                          "the chance out (dropout 0, the same head, batch order and span loss on both sides) to "
+                          "compare the two training codes alone. encoderkit-random is encoderkit's Trainer with random "
+                          "batches, as in the default transformers row, and it is what `encoderkit finetune --task qa` "
+                          "runs by default: a paragraph's doc-stride windows have equal lengths, so length grouping "
+                          "fills a batch with the windows of fewer paragraphs, and length-grouped training scored "
+                          "lower for both trainers (transformers-grouped, encoderkit). Its dense layers run on real "
+                          "tokens only and its attention on groups of similar length within each batch, so random "
+                          "batches cost it no speed here."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
     return lines
 

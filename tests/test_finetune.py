@@ -330,3 +330,23 @@ def test_split_seed_fixes_the_carved_validation_while_the_training_seed_varies(t
     valid_d, _ = carved(seed=1)
     assert valid_a == valid_b == valid_c and valid_a != valid_d  # the carve follows split_seed, else seed
     assert not torch.equal(head_a, head_b)  # the training seed still draws the new head
+
+
+def test_qa_trains_on_random_batches_unless_told_otherwise(tmp_path, tiny) -> None:
+    """Length grouping is the default, except for QA (Recipe.group_by_length says why); an explicit choice wins."""
+    from encoderkit.training.finetune import prepare_finetune, task_kind
+
+    squad = write_squad(tmp_path / "train.json", 40)
+    sentiment = write_csv(tmp_path / "train.csv", sentiment_rows(60))
+
+    def trainer(kind, data, **options):
+        recipe = Recipe(**{**FAST, "max_length": 48, "doc_stride": 16, "seed": 3, **options})
+        return prepare_finetune(task_kind(kind), data, tmp_path / kind, model=tiny, recipe=recipe).trainer
+
+    qa = trainer("qa", squad)
+    assert qa.config.group_by_length is False
+    plain = np.random.default_rng([3, 0]).permutation(len(qa.train_data))  # the seeded random order, no grouping
+    assert np.array_equal(qa._order(0), plain)
+    assert trainer("qa", squad, group_by_length=True).config.group_by_length is True
+    assert trainer("classify", sentiment).config.group_by_length is True
+    assert trainer("classify", sentiment, group_by_length=False).config.group_by_length is False

@@ -277,14 +277,15 @@ def _named(values: tuple[str, ...], what: str) -> dict[str, str]:
 @click.option("--multilabel-head", "multilabel_heads", multiple=True, help="multitask: heads that are multi-label")
 @click.option("--crf", is_flag=True, help="ner: a CRF over the word tags")
 @click.option("--early-stopping", type=int, default=None, help="stop after N evaluations without improvement")
-@click.option("--no-length-grouping", is_flag=True, help="plain random batches instead of length-grouped ones")
+@click.option("--length-grouping/--no-length-grouping", default=None,
+              help="batches of similar length, or plain random ones [default: length-grouped, random for qa]")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32", show_default=True,
               help="bf16 = bf16 autocast (faster where the CPU has bf16 units; BENCHMARKS.md compares)")
 @click.option("--seed", type=int, default=42, show_default=True)
 @click.option("--restart", is_flag=True, help="ignore the checkpoints of an interrupted run in --out")
 def finetune(task, train_files, valid_files, model, out_dir, epochs, batch_size, lr, warmup_ratio, weight_decay,
              max_length, doc_stride, text_column, pair_column, label_columns, multi_label_separator, multilabel_heads,
-             crf, early_stopping, no_length_grouping, dtype, seed, restart) -> None:
+             crf, early_stopping, length_grouping, dtype, seed, restart) -> None:
     """Fine-tune a pretrained encoder on labelled data (BERT recipe); rerun the same command to resume."""
     import torch
 
@@ -307,7 +308,7 @@ def finetune(task, train_files, valid_files, model, out_dir, epochs, batch_size,
         columns["label_column"] = label_columns[0] if label_columns else None
     recipe = Recipe(epochs=epochs, batch_size=batch_size, learning_rate=lr, warmup_ratio=warmup_ratio,
                     weight_decay=weight_decay, max_length=max_length, doc_stride=doc_stride, crf=crf,
-                    early_stopping_patience=early_stopping, group_by_length=not no_length_grouping,
+                    early_stopping_patience=early_stopping, group_by_length=length_grouping,
                     bf16=resolve_dtype(dtype) == torch.bfloat16, seed=seed, show_progress=True)
     result = run_finetune(task, train, out_dir, valid=valid, model=model, recipe=recipe, resume=not restart,
                           **columns)
