@@ -332,11 +332,9 @@ def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False, se
     from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
 
     data = SHARED / "data"
-    h = hyper(task)
-    recipe = Recipe(epochs=epochs, batch_size=h["batch_size"], learning_rate=h["learning_rate"],
-                    warmup_ratio=h["warmup_ratio"], weight_decay=h["weight_decay"],
-                    max_grad_norm=h["max_grad_norm"], adam_eps=h["adam_eps"], seed=seed, split_seed=h["seed"],
-                    group_by_length=group_by_length, bf16=bf16, show_progress=False, save_steps=10**9,
+    h = hyper(task)  # its keys are Recipe's fields, but for the seeds and epochs a run chooses
+    recipe = Recipe(**{k: v for k, v in h.items() if k not in ("seed", "epochs")}, epochs=epochs, seed=seed,
+                    split_seed=h["seed"], group_by_length=group_by_length, bf16=bf16, show_progress=False, save_steps=10**9,
                     valid_fraction=0.2 if task == "squad" else 0.1)
     if task == "sst2":
         train = work / "sst2.tsv"

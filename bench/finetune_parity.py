@@ -73,7 +73,8 @@ def _side(kind: str, dropout: float, epochs: float, threads: int, queue) -> None
             trainer.train()
             seconds = time.perf_counter() - started
             quality = bench.transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")
-    queue.put({"side": kind, "losses": losses, "seconds": seconds, "metrics": quality})
+    queue.put({"side": kind, "losses": losses, "seconds": seconds, "metrics": quality,
+               "batch_size": setup.recipe.batch_size})
 
 
 def main() -> None:
@@ -97,9 +98,7 @@ def main() -> None:
     largest = max(abs(a - b) for a, b in zip(ek, hf))
     print(f"largest loss difference over {len(ek)} steps: {largest:.2e}")
     if args.epochs == 1.0:
-        import finetune as bench
-
-        write_result("finetune_parity", {"dropout": args.dropout, "batch_size": bench.hyper("squad")["batch_size"],
+        write_result("finetune_parity", {"dropout": args.dropout, "batch_size": results["encoderkit"]["batch_size"],
                                          "sides": results, "largest_loss_difference": largest})
 
 
