@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from encoderkit import EncoderConfig, build_model
-from encoderkit.modeling import attention as attention_module
+from encoderkit.modeling import packing as attention_module
 from encoderkit.modeling import encoder as encoder_module
-from encoderkit.modeling.attention import Unpadding, length_groups
+from encoderkit.modeling.packing import Packing, length_groups
 
 
 def brute_force_cost(lengths: list[int], overhead: float) -> float:
@@ -50,15 +50,15 @@ def test_length_groups_hand_computed() -> None:
     assert [g.tolist() for g in length_groups(np.array([5, 5, 5]), 0)] == [[0, 1, 2]]
 
 
-def test_unpadding_round_trip_with_left_padding_and_an_empty_row() -> None:
+def test_packing_round_trip_with_left_padding_and_an_empty_row() -> None:
     """Attention groups need no particular padding side; an all-padding row takes part in no group."""
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 0, 1, 0, 0]])
-    unpadding = Unpadding.from_mask(mask, torch.float32)
-    assert sum(g.count for g in unpadding.groups) == 3
+    packing = Packing.from_mask(mask, torch.float32)
+    assert sum(g.count for g in packing.groups) == 3
     states = torch.randn(4, 5, 6)
-    tokens = unpadding.unpad(states)
+    tokens = packing.unpad(states)
     assert tokens.shape == (int(mask.sum()), 6)
-    assert torch.equal(unpadding.pad(tokens), states * mask[..., None])
+    assert torch.equal(packing.pad(tokens), states * mask[..., None])
 
 
 @pytest.mark.parametrize("overhead", [0, 4096])

@@ -21,112 +21,15 @@ from torch import nn
 
 from .config import EncoderConfig
 from .errors import CheckpointError, ConfigError
+from .families import FAMILIES, Rule
 from .modeling.models import build_model, hf_architecture, task_from_architectures
 
 log = logging.getLogger(__name__)
 
-Rule = tuple[str, str]  # (our name, transformers' name); {i}: our layer index; {g}/{j}: ALBERT group/inner index
-
-_BERT_LAYER = [
-    ("layers.{i}.attention.query", "encoder.layer.{i}.attention.self.query"),
-    ("layers.{i}.attention.key", "encoder.layer.{i}.attention.self.key"),
-    ("layers.{i}.attention.value", "encoder.layer.{i}.attention.self.value"),
-    ("layers.{i}.attention.output", "encoder.layer.{i}.attention.output.dense"),
-    ("layers.{i}.attention_norm", "encoder.layer.{i}.attention.output.LayerNorm"),
-    ("layers.{i}.ffn_in", "encoder.layer.{i}.intermediate.dense"),
-    ("layers.{i}.ffn_out", "encoder.layer.{i}.output.dense"),
-    ("layers.{i}.ffn_norm", "encoder.layer.{i}.output.LayerNorm"),
-]
-_EMBEDDINGS = [
-    ("embeddings.word", "embeddings.word_embeddings"),
-    ("embeddings.position", "embeddings.position_embeddings"),
-    ("embeddings.token_type", "embeddings.token_type_embeddings"),
-    ("embeddings.norm", "embeddings.LayerNorm"),
-]
-_ALBERT_LAYER = "encoder.albert_layer_groups.{g}.albert_layers.{j}."
-_DISTIL_LAYER = "transformer.layer.{i}."
-
-# Base-model tables: names inside BertModel / RobertaModel / ... (no task prefix).
-BASE_RULES: dict[str, list[Rule]] = {
-    "bert": _EMBEDDINGS + _BERT_LAYER + [("pooler.dense", "pooler.dense")],
-    "roberta": _EMBEDDINGS + _BERT_LAYER + [("pooler.dense", "pooler.dense")],
-    "electra": _EMBEDDINGS + [("embeddings.projection", "embeddings_project")] + _BERT_LAYER,
-    "albert": _EMBEDDINGS + [
-        ("embeddings.projection", "encoder.embedding_hidden_mapping_in"),
-        ("layers.{i}.attention.query", _ALBERT_LAYER + "attention.query"),
-        ("layers.{i}.attention.key", _ALBERT_LAYER + "attention.key"),
-        ("layers.{i}.attention.value", _ALBERT_LAYER + "attention.value"),
-        ("layers.{i}.attention.output", _ALBERT_LAYER + "attention.dense"),
-        ("layers.{i}.attention_norm", _ALBERT_LAYER + "attention.LayerNorm"),
-        ("layers.{i}.ffn_in", _ALBERT_LAYER + "ffn"),
-        ("layers.{i}.ffn_out", _ALBERT_LAYER + "ffn_output"),
-        ("layers.{i}.ffn_norm", _ALBERT_LAYER + "full_layer_layer_norm"),
-        ("pooler.dense", "pooler"),
-    ],
-    "distilbert": [
-        ("embeddings.word", "embeddings.word_embeddings"),
-        ("embeddings.position", "embeddings.position_embeddings"),
-        ("embeddings.norm", "embeddings.LayerNorm"),
-        ("layers.{i}.attention.query", _DISTIL_LAYER + "attention.q_lin"),
-        ("layers.{i}.attention.key", _DISTIL_LAYER + "attention.k_lin"),
-        ("layers.{i}.attention.value", _DISTIL_LAYER + "attention.v_lin"),
-        ("layers.{i}.attention.output", _DISTIL_LAYER + "attention.out_lin"),
-        ("layers.{i}.attention_norm", _DISTIL_LAYER + "sa_layer_norm"),
-        ("layers.{i}.ffn_in", _DISTIL_LAYER + "ffn.lin1"),
-        ("layers.{i}.ffn_out", _DISTIL_LAYER + "ffn.lin2"),
-        ("layers.{i}.ffn_norm", _DISTIL_LAYER + "output_layer_norm"),
-    ],
-}
-
-
-def _mlm(transform: str, norm: str, decoder: str, bias: str | None = None) -> list[Rule]:
-    rules = [("mlm_head.transform", transform), ("mlm_head.norm", norm)]
-    if bias:  # the family keeps the output bias as its own parameter, outside the decoder
-        rules.append(("mlm_head.decoder.bias", bias))
-    return rules + [("mlm_head.decoder", decoder)]
-
-
-# Head tables: top-level names in the task models, by head.
+# The tensor-name rules live in each family's file (``encoderkit.families``); these views keep their old names.
+BASE_RULES: dict[str, list[Rule]] = {name: list(family.base_rules) for name, family in FAMILIES.items()}
 HEAD_RULES: dict[str, dict[str, list[Rule]]] = {
-    "bert": {
-        "mlm": _mlm("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                    "cls.predictions.decoder", "cls.predictions.bias"),
-        "pair": [("pair_head", "cls.seq_relationship")],
-        "classifier": [("classifier.out", "classifier")],
-    },
-    "roberta": {
-        "mlm": _mlm("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "lm_head.bias"),
-        "classifier": [("classifier.dense", "classifier.dense"), ("classifier.out", "classifier.out_proj")],
-    },
-    "distilbert": {
-        "mlm": _mlm("vocab_transform", "vocab_layer_norm", "vocab_projector"),
-        "classifier": [("classifier.dense", "pre_classifier"), ("classifier.out", "classifier")],
-    },
-    "albert": {
-        "mlm": _mlm("predictions.dense", "predictions.LayerNorm", "predictions.decoder", "predictions.bias"),
-        "pair": [("pair_head", "sop_classifier.classifier")],
-        "classifier": [("classifier.out", "classifier")],
-    },
-    "electra": {
-        "mlm": _mlm("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head"),
-        "rtd": [("rtd_head.dense", "discriminator_predictions.dense"),
-                ("rtd_head.prediction", "discriminator_predictions.dense_prediction")],
-        "classifier": [("classifier.dense", "classifier.dense"), ("classifier.out", "classifier.out_proj")],
-    },
-}
-for _family_rules in HEAD_RULES.values():
-    _family_rules["token"] = [("token_classifier.out", "classifier")]
-    _family_rules["span"] = [("span_head.out", "qa_outputs")]
-
-# transformers' buffers and tied aliases that old or new checkpoints may carry; never an error.
-_IGNORABLE = re.compile(
-    r"(^|\.)embeddings\.(position_ids|token_type_ids)$|"
-    r"^(cls\.predictions|lm_head|predictions)\.decoder\.bias$"
-)
-
-
-_TIED_DECODERS = ("predictions.decoder.weight", "lm_head.decoder.weight", "vocab_projector.weight",
-                   "generator_lm_head.weight")
+    name: {head: list(rules) for head, rules in family.head_rules.items()} for name, family in FAMILIES.items()}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -140,15 +43,20 @@ def _pattern(name: str) -> re.Pattern[str]:
 class _Mapper:
     config: EncoderConfig
     task_model: bool  # our names carry "encoder." and the HF names the family prefix
+    alternative_heads: tuple[str, ...] = ()  # heads named by the family's alternative layout (DeBERTa's new MLM)
+
+    def head_rules(self) -> dict[str, tuple[Rule, ...]]:
+        family = self.config.family
+        return {head: family.alternative_head_rules[head] if head in self.alternative_heads else rules
+                for head, rules in family.head_rules.items()}
 
     def our_to_hf(self, name: str) -> str | None:
-        family = self.config.model_type
         base = name
         if self.task_model:
             if not name.startswith("encoder."):
                 return self._head_to_hf(name)
             base = name[len("encoder."):]
-        for ours, theirs in BASE_RULES[family]:
+        for ours, theirs in self.config.family.base_rules:
             match = _pattern(ours).match(base)
             if match is None:
                 continue
@@ -161,7 +69,7 @@ class _Mapper:
         return None
 
     def _head_to_hf(self, name: str) -> str | None:
-        for rules in HEAD_RULES[self.config.model_type].values():
+        for rules in self.head_rules().values():
             for ours, theirs in rules:
                 match = _pattern(ours).match(name)
                 if match is not None:
@@ -169,13 +77,25 @@ class _Mapper:
         return None
 
     def all_head_keys(self) -> set[str]:
-        """Every transformers name a head of this family may have (weight and bias)."""
+        """Every transformers name a head of this family may have (weight and bias), in every layout."""
+        family = self.config.family
         keys = set()
-        for rules in HEAD_RULES[self.config.model_type].values():
+        for rules in list(family.head_rules.values()) + list(family.alternative_head_rules.values()):
             for _, theirs in rules:
                 keys.add(theirs)
                 keys.update({theirs + ".weight", theirs + ".bias"})
         return keys
+
+
+def _alternative_heads(config: EncoderConfig, state: dict[str, torch.Tensor] | None) -> tuple[str, ...]:
+    """The heads to name by the family's alternative layout: those whose alternative names the checkpoint uses
+    (when reading), or, when writing, DeBERTa's new MLM layout for a config with ``"legacy": false``."""
+    alternatives = config.family.alternative_head_rules
+    if state is None:
+        return tuple(alternatives) if alternatives and config.legacy is False else ()
+    return tuple(head for head, rules in alternatives.items() if any(theirs in state or theirs + ".weight" in state
+                                                                       or theirs + ".bias" in state
+                                                                       for _, theirs in rules))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +159,7 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
     task_model = hasattr(model, "encoder")
     prefix = config.family.hf_prefix + "."
     has_prefix = any(k.startswith(prefix) for k in state)
-    mapper = _Mapper(config, task_model)
+    mapper = _Mapper(config, task_model, _alternative_heads(config, state))
     head_keys = mapper.all_head_keys()
 
     # Bring the checkpoint's names into the naming of the model we load into.
@@ -273,10 +193,11 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
         new_state[name] = value.to(tensor.dtype)
 
     dropped, unexpected = [], []
+    ignorable = [re.compile(pattern) for pattern in config.family.ignorable]
     for key in state:
-        if key in consumed or _IGNORABLE.search(key):
+        if key in consumed or any(pattern.search(key) for pattern in ignorable):
             continue
-        if tied and key.endswith(_TIED_DECODERS):
+        if tied and key.endswith(config.family.tied_decoders or ("\0",)):
             continue  # the decoder is tied to the word embeddings
         bare = key[len(prefix):] if key.startswith(prefix) else key
         if key in head_keys or bare.startswith("pooler"):
@@ -403,7 +324,7 @@ def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None
     directory.mkdir(parents=True, exist_ok=True)
     # A task model that transformers sees as the bare encoder (multi-task) is saved under base-model names.
     as_base = isinstance(model, Encoder) or HF_SUFFIX[task] == "Model"
-    mapper = _Mapper(config, task_model=not as_base)
+    mapper = _Mapper(config, task_model=not as_base, alternative_heads=_alternative_heads(config, None))
     prefixes = tuple(getattr(model, "extra_prefixes", ()))
     tensors: dict[str, torch.Tensor] = {}
     extra: dict[str, torch.Tensor] = {}

@@ -14,61 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .families import COMMON_FIELDS, FAMILIES, Family
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one model family differs from BERT, and how its config.json names things."""
-
-    name: str
-    hf_prefix: str  # attribute name of the base model inside HF task models ("bert" -> "bert.")
-    hf_class_stem: str  # "Bert" -> BertModel, BertForMaskedLM ...
-    renamed_keys: dict[str, str]  # our field -> the family's config.json key
-    defaults: dict[str, Any]  # the family's defaults (as HF fills them) for keys a config.json omits
-    has_pooler: bool  # the base model carries a [CLS] pooler (dense + tanh)
-    positions_from_padding: bool  # RoBERTa: position ids count real tokens, starting at pad_token_id + 1
-    always_project_embeddings: bool  # ALBERT maps embeddings to hidden size even when they are equal
-    mlm_activation: str | None  # activation of the MLM transform; None = the config's hidden_act
-    classifier: str  # "pooled": pooler -> linear; "dense_tanh"/"dense_gelu"/"dense_relu": [CLS] -> dense -> act -> linear
-    pair_objective: str | None  # "nsp" (BERT), "sop" (ALBERT) or None
-
-
-_BERT_DEFAULTS = dict(
-    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-    hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512,
-    type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0, initializer_range=0.02,
-)
-
-FAMILIES: dict[str, Family] = {
-    "bert": Family("bert", "bert", "Bert", {}, dict(_BERT_DEFAULTS), True, False, False, None, "pooled", "nsp"),
-    "roberta": Family(
-        "roberta", "roberta", "Roberta", {},
-        dict(_BERT_DEFAULTS, vocab_size=50265, pad_token_id=1, bos_token_id=0, eos_token_id=2),
-        True, True, False, "gelu", "dense_tanh", None,
-    ),
-    "distilbert": Family(
-        "distilbert", "distilbert", "DistilBert",
-        dict(hidden_size="dim", num_hidden_layers="n_layers", num_attention_heads="n_heads",
-             intermediate_size="hidden_dim", hidden_act="activation", hidden_dropout_prob="dropout",
-             attention_probs_dropout_prob="attention_dropout", classifier_dropout="seq_classif_dropout"),
-        dict(_BERT_DEFAULTS, type_vocab_size=0, classifier_dropout=0.2),
-        False, False, False, None, "dense_relu", None,
-    ),
-    "albert": Family(
-        "albert", "albert", "Albert", dict(classifier_dropout="classifier_dropout_prob"),
-        dict(_BERT_DEFAULTS, vocab_size=30000, embedding_size=128, hidden_size=4096, num_attention_heads=64,
-             intermediate_size=16384, hidden_act="gelu_new", hidden_dropout_prob=0.0,
-             attention_probs_dropout_prob=0.0, classifier_dropout=0.1, bos_token_id=2, eos_token_id=3),
-        True, False, True, None, "pooled", "sop",
-    ),
-    "electra": Family(
-        "electra", "electra", "Electra", {},
-        dict(_BERT_DEFAULTS, embedding_size=128, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
-        False, False, False, "gelu", "dense_gelu", None,
-    ),
-}
+LAYER_TYPES = ("full_attention", "sliding_attention")
+POS_ATT_TYPES = ("c2p", "p2c")
 
 # config.json keys that only matter to decoders or to transformers' internals; dropped on read.
 _IGNORED_KEYS = {
@@ -103,6 +53,34 @@ class EncoderConfig:
     sinusoidal_pos_embds: bool = False  # DistilBERT's fixed sinusoidal positions (stored as weights anyway)
     tie_word_embeddings: bool = True
     classifier_dropout: float | None = None
+    # ----- pre-norm families (ModernBERT)
+    norm_bias: bool = True  # LayerNorms have a bias
+    attention_bias: bool = True  # the query/key/value and output projections have biases
+    mlp_bias: bool = True
+    decoder_bias: bool = True  # the MLM decoder has an output bias
+    embedding_dropout: float | None = None  # None: hidden_dropout_prob
+    mlp_dropout: float | None = None  # dropout inside the MLP (after the activation); None: none
+    absolute_positions: bool = True  # a learned position table added to the embeddings
+    layer_types: list[str] | None = None  # per layer "full_attention" | "sliding_attention"; None: all full
+    local_attention: int | None = None  # sliding window: a token sees keys within local_attention // 2 of it
+    global_rope_theta: float | None = None  # rotary positions (None: none) in full-attention layers
+    local_rope_theta: float | None = None  # ... and in sliding-window layers
+    classifier_pooling: str = "cls"  # "cls" | "mean": what the sequence classifier reads (ModernBERT)
+    classifier_activation: str | None = None  # the prediction head's activation; None: hidden_act
+    classifier_bias: bool = True
+    # ----- disentangled attention (DeBERTa-v2/v3)
+    relative_attention: bool = False
+    max_relative_positions: int = -1  # < 1: max_position_embeddings
+    position_buckets: int = -1  # > 0: relative positions in log buckets, this many each side
+    pos_att_type: list[str] | None = None  # "c2p", "p2c"
+    share_att_key: bool = False  # positions are projected by the content query/key projections
+    norm_rel_ebd: str = "none"  # "layer_norm": the relative embeddings are normalised
+    conv_kernel_size: int = 0  # > 0: a convolution beside the first layer
+    conv_groups: int = 1
+    conv_act: str = "tanh"
+    pooler_dropout: float | None = None
+    pooler_hidden_act: str | None = None  # DeBERTa's classifier pooler activation; None: gelu
+    legacy: bool = True  # DeBERTa's MLM head layout (cls.predictions.* vs lm_predictions.lm_head.*)
     id2label: dict[int, str] | None = None
     problem_type: str | None = None  # single_label_classification | multi_label_classification | regression
     architectures: list[str] | None = None
@@ -115,6 +93,27 @@ class EncoderConfig:
     @property
     def family(self) -> Family:
         return FAMILIES[self.model_type]
+
+    @property
+    def is_pre_norm(self) -> bool:
+        return self.family.norm_placement == "pre"
+
+    def layer_type(self, index: int) -> str:
+        return self.layer_types[index] if self.layer_types else "full_attention"
+
+    @property
+    def relative_span(self) -> int:
+        """DeBERTa: relative positions -span..span-1 have an embedding each (buckets, or max_relative_positions)."""
+        if self.position_buckets > 0:
+            return self.position_buckets
+        return self.max_relative_positions if self.max_relative_positions >= 1 else self.max_position_embeddings
+
+    @property
+    def head_activation(self) -> str:
+        """The activation of the MLM transform (and of ModernBERT's prediction head)."""
+        if self.family.classifier == "prediction_head":
+            return self.classifier_activation or self.hidden_act
+        return self.family.mlm_activation or self.hidden_act
 
     @property
     def embedding_dim(self) -> int:
@@ -183,12 +182,39 @@ class EncoderConfig:
                 f"num_hidden_groups must be between 1 and num_hidden_layers ({self.num_hidden_layers}), "
                 f"found {self.num_hidden_groups}"
             )
-        if self.embedding_size is not None and self.embedding_size != self.hidden_size and self.model_type not in (
-            "albert", "electra"
-        ):
+        if self.embedding_size is not None and self.embedding_size != self.hidden_size and \
+                not self.family.factorised_embeddings:
             raise ConfigError(f"{self.model_type} has no factorised embeddings; embedding_size must equal hidden_size")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        for name in ("classifier_activation", "pooler_hidden_act", "conv_act"):
+            value = getattr(self, name)
+            if value is not None and value not in SUPPORTED_ACTIVATIONS:
+                raise ConfigError(f"unsupported {name} {value!r}; supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - set(LAYER_TYPES):
+                raise ConfigError(f"layer_types must list one of {LAYER_TYPES} for each of the "
+                                  f"{self.num_hidden_layers} layers, found {self.layer_types!r}")
+            if "sliding_attention" in self.layer_types:
+                window = self.local_attention
+                if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or window % 2:
+                    raise ConfigError(f"local_attention (the sliding window, {window!r}) must be a positive even "
+                                      "number: a token sees local_attention // 2 tokens on each side")
+        if (self.global_rope_theta is None) != (self.local_rope_theta is None) or any(
+                theta is not None and not theta > 0 for theta in (self.global_rope_theta, self.local_rope_theta)):
+            raise ConfigError("rotary positions need a positive global_rope_theta and local_rope_theta, found "
+                              f"{self.global_rope_theta!r} and {self.local_rope_theta!r}")
+        if self.global_rope_theta is not None and self.head_dim % 2:
+            raise ConfigError(f"rotary positions need an even head size, found {self.head_dim}")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ConfigError(f"classifier_pooling must be 'cls' or 'mean', found {self.classifier_pooling!r}")
+        if self.pos_att_type is not None and set(self.pos_att_type) - set(POS_ATT_TYPES):
+            raise ConfigError(f"pos_att_type may hold {POS_ATT_TYPES}, found {self.pos_att_type!r}")
+        if self.norm_rel_ebd not in ("none", "layer_norm"):
+            raise ConfigError(f"norm_rel_ebd must be 'none' or 'layer_norm', found {self.norm_rel_ebd!r}")
+        if self.conv_kernel_size < 0 or (self.conv_kernel_size and self.hidden_size % self.conv_groups):
+            raise ConfigError(f"conv_kernel_size ({self.conv_kernel_size}) must be >= 0 and hidden_size must be "
+                              f"divisible by conv_groups ({self.conv_groups})")
         if self.model_type == "roberta" and self.max_position_embeddings <= self.pad_token_id + 1:
             raise ConfigError("roberta needs max_position_embeddings > pad_token_id + 1 (positions start after padding)")
 
@@ -218,24 +244,40 @@ class EncoderConfig:
         position_type = data.get("position_embedding_type", "absolute")
         if position_type != "absolute":
             raise ConfigError(f"position_embedding_type {position_type!r} is not supported; only 'absolute'")
-        hf_key = {name: family.renamed_keys.get(name, name) for name in _field_names()}
+        names = _family_fields(family)
         kwargs: dict[str, Any] = {"model_type": model_type}
-        for name, key in hf_key.items():
-            if name in ("model_type", "extra", "id2label"):
-                continue
+        for name, default in family.defaults.items():
+            if name in _field_names():
+                kwargs[name] = default
+        for name in names:
+            key = family.config_key(name)
             if key in data:
                 kwargs[name] = data[key]
-            elif name in family.defaults:
-                kwargs[name] = family.defaults[name]
+        used = {family.config_key(name) for name in names}
+        used |= {"model_type", "id2label", "label2id", "num_labels", "position_embedding_type"}
         if "id2label" in data and data["id2label"]:
             kwargs["id2label"] = {int(k): str(v) for k, v in data["id2label"].items()}
         elif "num_labels" in data:
             kwargs["id2label"] = {i: f"LABEL_{i}" for i in range(int(data["num_labels"]))}
-        used = set(hf_key.values()) | {"model_type", "id2label", "label2id", "num_labels", "position_embedding_type"}
-        kwargs["extra"] = {k: v for k, v in data.items() if k not in used and k not in _IGNORED_KEYS}
+        if "architectures" in data:
+            kwargs["architectures"] = data["architectures"]
+            used.add("architectures")
         if model_type == "distilbert":
             kwargs["type_vocab_size"] = 0
             kwargs["layer_norm_eps"] = 1e-12  # fixed in DistilBERT, not a config field
+        if model_type == "modernbert":
+            used |= _read_modernbert_layers(data, kwargs)
+        if model_type == "deberta-v2":
+            if isinstance(kwargs.get("pos_att_type"), str):  # "p2c|c2p", as DeBERTa's own configs spell it
+                kwargs["pos_att_type"] = [x.strip() for x in kwargs["pos_att_type"].lower().split("|") if x.strip()]
+            if "embedding_size" not in data:
+                kwargs["embedding_size"] = None
+            used.add("pooler_hidden_size")
+            pooler_size = data.get("pooler_hidden_size", data.get("hidden_size"))
+            if pooler_size is not None and pooler_size != kwargs.get("hidden_size"):
+                raise ConfigError(f"pooler_hidden_size ({pooler_size}) differs from hidden_size; encoderkit's "
+                                  "DeBERTa classifier pools at the hidden size")
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in used and k not in _IGNORED_KEYS}
         try:
             return cls(**kwargs)
         except TypeError as exc:  # a field of the wrong JSON type
@@ -246,20 +288,11 @@ class EncoderConfig:
         out: dict[str, Any] = {"model_type": self.model_type}
         if self.architectures:
             out["architectures"] = list(self.architectures)
-        skip = {"model_type", "architectures", "extra", "id2label"}
-        if self.model_type == "distilbert":
-            skip |= {"type_vocab_size", "layer_norm_eps"}
-        if self.model_type not in ("albert", "electra"):
-            skip.add("embedding_size")
-        if self.model_type != "albert":
-            skip |= {"num_hidden_groups", "inner_group_num"}
-        if self.model_type != "distilbert":
-            skip.add("sinusoidal_pos_embds")
-        for name in _field_names():
-            if name in skip:
-                continue
+        for name in _family_fields(family):
             value = getattr(self, name)
             if name == "embedding_size":
+                if self.embedding_size is None and family.embedding_projection == "before_norm":
+                    continue  # DeBERTa reads a missing embedding_size as hidden_size
                 value = self.embedding_dim
             elif name == "num_hidden_groups":
                 value = self.num_groups
@@ -267,7 +300,11 @@ class EncoderConfig:
                 value = family.defaults[name]  # e.g. DistilBERT's seq_classif_dropout must be a number
             if value is None and name not in ("classifier_dropout",):
                 continue
-            out[family.renamed_keys.get(name, name)] = value
+            out[family.config_key(name)] = value
+        if self.model_type == "modernbert":
+            _write_modernbert_layers(self, out)
+        if self.model_type == "deberta-v2":
+            out["pooler_hidden_size"] = self.hidden_size
         if self.id2label:
             out["id2label"] = {str(i): label for i, label in self.id2label.items()}
             out["label2id"] = {label: i for i, label in self.id2label.items()}
@@ -296,6 +333,56 @@ def _field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(EncoderConfig)]
 
 
+def _family_fields(family: Family) -> list[str]:
+    """The fields a family's config.json carries."""
+    return [name for name in COMMON_FIELDS if name not in family.skipped_fields] + list(family.own_fields)
+
+
+_ROPE_KEYS = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
+
+
+def _read_modernbert_layers(data: dict[str, Any], kwargs: dict[str, Any]) -> set[str]:
+    """ModernBERT's attention pattern and rotary thetas, from either config style: ``layer_types`` with
+    ``rope_parameters`` (transformers 5), or ``global_attn_every_n_layers`` with ``global_rope_theta`` /
+    ``local_rope_theta`` (the original release). Returns the keys it read."""
+    layers = int(kwargs["num_hidden_layers"]) if isinstance(kwargs.get("num_hidden_layers"), int) else 0
+    if data.get("layer_types") is None:
+        every = data.get("global_attn_every_n_layers", 3)
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ConfigError(f"global_attn_every_n_layers must be a positive integer, found {every!r}")
+        kwargs["layer_types"] = ["sliding_attention" if i % every else "full_attention" for i in range(layers)]
+    rope = data.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"rope_parameters must be an object, found {rope!r}")
+    for layer_type, field_name in _ROPE_KEYS.items():
+        params = rope.get(layer_type) or {}
+        if params.get("rope_type", "default") != "default":
+            raise ConfigError(f"rope_type {params['rope_type']!r} ({layer_type}) is not supported; only 'default'")
+        if "rope_theta" in params:
+            kwargs[field_name] = float(params["rope_theta"])
+        elif field_name in data:
+            kwargs[field_name] = float(data[field_name])
+    if data.get("rope_scaling"):
+        raise ConfigError("rope_scaling is not supported for ModernBERT; remove it or use rope_type 'default'")
+    return {"layer_types", "rope_parameters", "global_attn_every_n_layers", "global_rope_theta", "local_rope_theta",
+            "rope_scaling", "rope_theta", "sliding_window"}
+
+
+def _write_modernbert_layers(config: EncoderConfig, out: dict[str, Any]) -> None:
+    """Both config styles, so that transformers 5 reads ``layer_types``/``rope_parameters`` and older readers
+    their ``global_attn_every_n_layers`` and thetas."""
+    types = [config.layer_type(i) for i in range(config.num_hidden_layers)]
+    out["layer_types"] = types
+    out["rope_parameters"] = {layer_type: {"rope_type": "default", "rope_theta": getattr(config, field_name)}
+                              for layer_type, field_name in _ROPE_KEYS.items()}
+    out["global_rope_theta"], out["local_rope_theta"] = config.global_rope_theta, config.local_rope_theta
+    globals_at = [i for i, t in enumerate(types) if t == "full_attention"]
+    for every in range(1, config.num_hidden_layers + 1):
+        if globals_at == list(range(0, config.num_hidden_layers, every)):
+            out["global_attn_every_n_layers"] = every
+            break
+
+
 # ---------------------------------------------------------------------------------------------
 # The model zoo: published shapes.
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +398,43 @@ _ALBERT = dict(model_type="albert", vocab_size=30000, embedding_size=128, hidden
                bos_token_id=2, eos_token_id=3, classifier_dropout=0.1)
 _ELECTRA = dict(model_type="electra")
 
+# ModernBERT: base and large are the paper's shapes (Warner et al., 2024, table 4); tiny and small keep their
+# proportions (head size 64, MLP 1.5x hidden, global attention every third layer, a 128-token local window).
+_MODERNBERT = dict(model_type="modernbert", vocab_size=50368, max_position_embeddings=8192, hidden_act="gelu",
+                   layer_norm_eps=1e-5, norm_bias=False, attention_bias=False, mlp_bias=False,
+                   attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, embedding_dropout=0.0, mlp_dropout=0.0,
+                   type_vocab_size=0, absolute_positions=False, local_attention=128, global_rope_theta=160_000.0,
+                   local_rope_theta=10_000.0, pad_token_id=50283, bos_token_id=50281, eos_token_id=50282,
+                   classifier_activation="gelu", classifier_bias=False, classifier_dropout=0.0)
+
+
+def _modernbert(hidden: int, layers: int, heads: int, intermediate: int) -> dict[str, Any]:
+    return dict(_MODERNBERT, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=intermediate,
+                layer_types=["sliding_attention" if i % 3 else "full_attention" for i in range(layers)])
+
+
+# DeBERTa-v3 (He et al., 2023): the released xsmall/small/base/large shapes.
+_DEBERTA_V3 = dict(model_type="deberta-v2", vocab_size=128100, max_position_embeddings=512, type_vocab_size=0,
+                   layer_norm_eps=1e-7, relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm",
+                   share_att_key=True, pos_att_type=["p2c", "c2p"], absolute_positions=False,
+                   max_relative_positions=-1, pooler_hidden_act="gelu", pooler_dropout=0.0)
+
+
+def _deberta_v3(hidden: int, layers: int, heads: int) -> dict[str, Any]:
+    return dict(_DEBERTA_V3, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=4 * hidden)
+
+
 PRESETS: dict[str, dict[str, Any]] = {
+    "modernbert-tiny": _modernbert(256, 6, 4, 384),
+    "modernbert-small": _modernbert(384, 12, 6, 576),
+    "modernbert-base": _modernbert(768, 22, 12, 1152),
+    "modernbert-large": _modernbert(1024, 28, 16, 2624),
+    "deberta-v3-xsmall": _deberta_v3(384, 12, 6),
+    "deberta-v3-small": _deberta_v3(768, 6, 12),
+    "deberta-v3-base": _deberta_v3(768, 12, 12),
+    "deberta-v3-large": _deberta_v3(1024, 24, 16),
     "bert-base": _bert(768, 12, 12),
     "bert-large": _bert(1024, 24, 16),
     "minilm-l6-h384": _bert(384, 6, 12),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,3 +45,36 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if name not in _NAMES:
         raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return _NAMES[name]
+
+
+# Padded tokens per inference batch, by what the batch is for and the compute dtype: the best measured on the
+# embedding bench (BENCHMARKS.md); task pipelines and scanners run heads on every token and take twice as many.
+TOKEN_BUDGETS = {
+    "embed": {torch.float32: 2048, torch.bfloat16: 4096},
+    "task": {torch.float32: 4096, torch.bfloat16: 8192},
+}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The compute dtype of an inference job and its batch size in tokens, resolved once from the user's choice."""
+
+    dtype: torch.dtype
+    token_budget: int
+
+    @property
+    def name(self) -> str:
+        return "bf16" if self.dtype == torch.bfloat16 else "fp32"
+
+    @classmethod
+    def resolve(cls, dtype: str | torch.dtype = "fp32", purpose: str = "task", token_budget: int | None = None,
+                at_least: int = 0) -> "Precision":
+        """``dtype``: "fp32" / "bf16" / "auto" / a torch dtype; ``purpose``: a key of ``TOKEN_BUDGETS``;
+        ``at_least``: the longest sequence a batch must hold (a budget below it is raised to it)."""
+        if isinstance(dtype, Precision):
+            return dtype
+        resolved = resolve_dtype(dtype)
+        budget = token_budget if token_budget is not None else TOKEN_BUDGETS[purpose][resolved]
+        if budget <= 0:
+            raise InputError(f"token_budget must be positive, found {budget}")
+        return cls(resolved, max(budget, at_least))

@@ -181,7 +181,7 @@ def test_sdpa_path_equals_explicit_path(family: str, tmp_path) -> None:
 def test_unpadded_training_gives_the_padded_gradients(family: str, group_overhead, tmp_path, monkeypatch) -> None:
     """Training runs the dense layers on real tokens only and attention on groups of similar length (here
     one group of all three rows, or one group per row); loss and every gradient equal the padded path's."""
-    from encoderkit.modeling import attention as attention_module
+    from encoderkit.modeling import packing as attention_module
     from encoderkit.modeling import encoder as encoder_module
 
     if group_overhead is not None:
@@ -220,7 +220,7 @@ def test_span_loss_ignores_padding(family: str, unpad: bool | str, tmp_path, mon
     (transformers' own loss on the padded batch puts probability on padding, so it differs.)"""
     from safetensors.torch import load_file
 
-    from encoderkit.modeling import attention as attention_module
+    from encoderkit.modeling import packing as attention_module
     from encoderkit.modeling import encoder as encoder_module
 
     monkeypatch.setattr(encoder_module, "_worth_unpadding", lambda mask: bool(unpad))

@@ -1,36 +1,27 @@
-"""Bidirectional multi-head self-attention on torch SDPA, with an explicit path that returns probabilities.
+"""One bidirectional self-attention for every family, on the token layout of ``packing``.
 
-Two layouts of the token states are supported:
-- padded: (batch, length, hidden), padding keys masked by an additive bias;
-- unpadded: (tokens, hidden), only the real tokens of the batch (see ``Unpadding``). The dense
-  projections then run on real tokens alone; for the attention product the sequences are re-padded in
-  groups of similar length.
+The projections run on the (tokens, hidden) rows; the attention product runs on each attention group's
+(count, heads, length, head_dim) grid. What differs between families is chosen by the config, in one place
+(``SelfAttention.attend_grid``):
+
+- positions: absolute (added to the embeddings, nothing here), rotary (ModernBERT: q and k rotated by their
+  column, with a global and a local theta), or disentangled relative scores (DeBERTa: c2p and p2c);
+- the span: full attention, or a symmetric sliding window computed block by block, so memory grows linearly
+  with length (ModernBERT's local layers);
+- the kernel: torch SDPA, or an explicit product that also returns the probabilities (attention maps).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
-
-
-def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """An additive key mask of shape (batch, 1, 1, keys): 0 for real tokens, the dtype's minimum for padding.
-
-    Returns None when nothing is padded, so SDPA can take its unmasked kernel. The minimum (not -inf)
-    keeps a fully padded row finite, as transformers does.
-    """
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
-    keep = attention_mask[:, None, None, :].to(torch.bool)
-    bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
-    return bias.masked_fill(~keep, torch.finfo(dtype).min)
+from .packing import AttentionGroup, Packing, combine_biases, length_groups, padding_bias  # noqa: F401 (re-exported)
 
 
 def causal_bias(length: int, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
@@ -50,163 +41,224 @@ def check_attention_bias(bias: torch.Tensor, batch: int, length: int, heads: int
         raise InputError(f"attention_bias must have shape (batch or 1, heads or 1, {length}, {length}), found {shape}")
 
 
-def combine_biases(padding: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor | None:
-    """The sum of two additive masks, clamped at the dtype's minimum: two masked entries would overflow to
-    -inf, and a row of -inf gives NaN probabilities where one of the minimum stays finite."""
-    if extra is None:
-        return padding
-    if padding is None:
-        return extra
-    return (padding + extra).clamp(min=torch.finfo(padding.dtype).min)
+# ---------------------------------------------------------------------------------------------
+# Position schemes
+# ---------------------------------------------------------------------------------------------
+class RotaryTables(nn.Module):
+    """cos/sin tables of rotary position embeddings (Su et al., 2021), one per theta, grown on demand."""
 
-
-GROUP_OVERHEAD = 64 * 64  # the fixed cost of one more attention call, in units of (sequences x length^2)
-
-
-def length_groups(lengths: np.ndarray, overhead: float | None = None) -> list[np.ndarray]:
-    """Split sequences into groups of similar length whose attention is cheapest in total.
-
-    A group is padded to its longest sequence, and attention costs about ``count * longest**2`` (with
-    dropout the score matrix is materialised, so this is what training pays), plus ``overhead`` per group
-    (default ``GROUP_OVERHEAD``).
-    The sequences, sorted longest first, are cut into contiguous groups by dynamic programming over the
-    runs of equal length. Returns the sequence indices of each group, longest group first."""
-    overhead = GROUP_OVERHEAD if overhead is None else overhead
-    order = np.argsort(-lengths, kind="stable")
-    run_lengths, run_counts = np.unique(lengths, return_counts=True)
-    run_lengths, run_counts = run_lengths[::-1].astype(np.float64), run_counts[::-1]  # longest first, as ``order``
-    before = np.concatenate([[0], np.cumsum(run_counts)])  # sequences before run i
-    runs = len(run_lengths)
-    best = np.zeros(runs + 1)  # best[j]: cheapest split of the first j runs
-    cut = np.zeros(runs + 1, dtype=np.int64)
-    for j in range(1, runs + 1):
-        starts = np.arange(j)  # a group of runs start..j-1, padded to run start's length
-        costs = best[:j] + (before[j] - before[starts]) * run_lengths[starts] ** 2 + overhead
-        cut[j] = int(np.argmin(costs))
-        best[j] = costs[cut[j]]
-    bounds, j = [], runs
-    while j > 0:
-        bounds.append((int(before[cut[j]]), int(before[j])))
-        j = int(cut[j])
-    return [order[start:end] for start, end in reversed(bounds)]
-
-
-@dataclass
-class AttentionGroup:
-    """Sequences attended together, padded to the longest of them: a (count, length) grid of token slots."""
-
-    gather: torch.Tensor  # (count * length,) the packed-token row in each slot; padding slots repeat a real row
-    real: torch.Tensor | None  # (the group's tokens,) the slots that hold real tokens; None when none is padding
-    count: int
-    length: int
-    bias: torch.Tensor | None  # (count, 1, 1, length) additive key mask; None when none is padding
-
-
-@dataclass
-class Unpadding:
-    """Where the real tokens of a padded (batch, length) batch are, to move states between the layouts.
-
-    Attention has to see whole sequences, so it runs on groups of sequences of similar length, each
-    re-padded only to its own longest sequence: with random batches this pads a few percent instead of
-    half the grid (see ``length_groups``)."""
-
-    indices: torch.Tensor  # (tokens,) positions of the real tokens in the flattened (batch * length) grid
-    batch: int
-    length: int
-    groups: list[AttentionGroup]
-    restore: torch.Tensor | None  # (tokens,) each packed token's row in the groups' outputs; None: the same row
-
-    @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, dtype: torch.dtype) -> "Unpadding":
-        batch, length = attention_mask.shape
-        device = attention_mask.device
-        mask = attention_mask.to(torch.bool)
-        indices = mask.reshape(-1).nonzero().squeeze(1)
-        lengths = mask.sum(1).cpu().numpy()
-        # Each row's real tokens are contiguous in the packed order, wherever the row's padding is.
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        groups, placed = [], []
-        nonempty = np.flatnonzero(lengths)  # an all-padding row has no token to attend with
-        for members in (nonempty[group] for group in length_groups(lengths[nonempty])):
-            longest = int(lengths[members[0]])  # groups come sorted longest first
-            within = np.arange(longest)
-            grid_real = within[None, :] < lengths[members][:, None]  # (count, longest)
-            # Padding slots point at the sequence's first token: finite values, masked as keys, outputs unused.
-            rows = starts[members][:, None] + np.where(grid_real, within[None, :], 0)
-            bias = padding_bias(torch.as_tensor(grid_real, device=device), dtype)
-            real = None if bias is None else torch.as_tensor(np.flatnonzero(grid_real), device=device)
-            groups.append(AttentionGroup(torch.as_tensor(rows.reshape(-1), device=device), real, len(members),
-                                         longest, bias))
-            placed.append(rows[grid_real])
-        order = np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)  # the rows as groups return them
-        restore = None
-        if not np.array_equal(order, np.arange(len(order))):  # e.g. length-grouped batches come back in order
-            restore = np.empty_like(order)
-            restore[order] = np.arange(len(order))
-            restore = torch.as_tensor(restore, device=device)
-        return cls(indices, batch, length, groups, restore)
-
-    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
-        """(batch, length, ...) -> (tokens, ...)."""
-        return padded.reshape(self.batch * self.length, *padded.shape[2:]).index_select(0, self.indices)
-
-    def pad(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(tokens, ...) -> (batch, length, ...), zeros at padding (differentiable)."""
-        grid = tokens.new_zeros(self.batch * self.length, *tokens.shape[1:])
-        return grid.index_copy(0, self.indices, tokens).view(self.batch, self.length, *tokens.shape[1:])
-
-    def attend(self, qkv: torch.Tensor, num_heads: int, dropout_p: float) -> torch.Tensor:
-        """SDPA of packed (tokens, 3 * hidden) queries, keys and values, group by group: (tokens, hidden)."""
-        hidden = qkv.shape[1] // 3
-        outputs = []
-        for group in self.groups:
-            grid = qkv.index_select(0, group.gather).view(group.count, group.length, 3, num_heads, -1)
-            q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=group.bias, dropout_p=dropout_p)
-            context = context.transpose(1, 2).reshape(group.count * group.length, hidden)
-            outputs.append(context if group.real is None else context.index_select(0, group.real))
-        if not outputs:  # a batch without a single real token
-            return qkv.new_zeros(0, hidden)
-        context = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-        return context if self.restore is None else context.index_select(0, self.restore)
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(self, head_dim: int, thetas: dict[str, float]) -> None:
         super().__init__()
+        self.head_dim = head_dim
+        self.thetas = dict(thetas)
+        self._tables: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, kind: str, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(length, head_dim) fp32 cos and sin for positions 0..length-1."""
+        key = (kind, device)
+        cached = self._tables.get(key)
+        if cached is None or cached[0].shape[0] < length:
+            size = max(length, 2 * cached[0].shape[0] if cached is not None else 512)
+            inv_freq = 1.0 / (self.thetas[kind] ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
+                                                                 device=device) / self.head_dim))
+            freqs = torch.arange(size, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
+            angles = torch.cat([freqs, freqs], dim=-1)
+            cached = (angles.cos(), angles.sin())
+            self._tables[key] = cached
+        return cached[0][:length], cached[1][:length]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of (..., length, head_dim) by the halves convention, computed in fp32."""
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def relative_positions(length: int, buckets: int, max_position: int, device: torch.device) -> torch.Tensor:
+    """DeBERTa's (length, length) relative positions query - key, in log buckets when ``buckets`` > 0."""
+    ids = torch.arange(length, dtype=torch.long, device=device)
+    relative = ids[:, None] - ids[None, :]
+    if buckets <= 0 or max_position <= 0:
+        return relative
+    sign = torch.sign(relative)
+    mid = buckets // 2
+    near = (relative < mid) & (relative > -mid)
+    magnitude = torch.where(near, torch.tensor(mid - 1, device=device), relative.abs())
+    log_position = torch.ceil(torch.log(magnitude / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return torch.where(magnitude <= mid, relative.to(log_position.dtype), log_position * sign).long()
+
+
+@dataclass
+class AttentionContext:
+    """What one forward pass shares between its layers: the layout and per-length position tables."""
+
+    packing: Packing
+    return_probs: bool = False
+    rotary: RotaryTables | None = None
+    relative_embeddings: torch.Tensor | None = None  # (2 * span, hidden), normalised: DeBERTa
+    _relative_index: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def relative_index(self, length: int, config: EncoderConfig) -> torch.Tensor:
+        if length not in self._relative_index:
+            max_position = config.max_relative_positions if config.max_relative_positions >= 1 \
+                else config.max_position_embeddings
+            self._relative_index[length] = relative_positions(length, config.position_buckets, max_position,
+                                                              self.packing.positions.device)
+        return self._relative_index[length]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sliding-window attention by blocks: linear memory in the length
+# ---------------------------------------------------------------------------------------------
+def window_mask(length: int, half: int, device: torch.device) -> torch.Tensor:
+    """(length, length) bool: True where |query - key| <= half."""
+    ids = torch.arange(length, device=device)
+    return (ids[:, None] - ids[None, :]).abs() <= half
+
+
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, half: int,
+                    dropout_p: float, scale: float | None = None) -> torch.Tensor:
+    """Attention of (count, heads, length, d) grids where a query sees keys within ``half`` positions.
+
+    Queries are cut into blocks of ``2 * half``; each block attends to its keys and ``half`` more on each
+    side, so memory is O(length * window) instead of O(length^2)."""
+    count, heads, length, dim = q.shape
+    block = 2 * half
+    blocks = -(-length // block)
+    padded = blocks * block
+    span = block + 2 * half
+    q = F.pad(q, (0, 0, 0, padded - length)).view(count, heads, blocks, block, dim)
+
+    def windows(x: torch.Tensor) -> torch.Tensor:  # (count, heads, blocks, span, d)
+        x = F.pad(x, (0, 0, half, padded - length + half))
+        return x.unfold(2, span, block).transpose(-1, -2)
+
+    real = torch.ones(count, length, dtype=torch.bool, device=q.device) if key_mask is None else key_mask
+    real = F.pad(real, (half, padded - length + half)).unfold(1, span, block)  # (count, blocks, span)
+    band = torch.arange(block, device=q.device)[:, None] - torch.arange(span, device=q.device)[None, :] + half
+    allowed = (band.abs() <= half)[None, None] & real[:, :, None, :]  # (count, blocks, block, span)
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    out = F.scaled_dot_product_attention(q, windows(k), windows(v), attn_mask=bias[:, None], dropout_p=dropout_p,
+                                         scale=scale)
+    return out.reshape(count, heads, padded, dim)[:, :, :length]
+
+
+# ---------------------------------------------------------------------------------------------
+# The module
+# ---------------------------------------------------------------------------------------------
+class SelfAttention(nn.Module):
+    """Projections (fused Wqkv, or query/key/value as the checkpoint has them), the attention product on each
+    group's grid, and the output projection."""
+
+    def __init__(self, config: EncoderConfig, index: int = 0) -> None:
+        super().__init__()
+        self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         hidden = config.hidden_size
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(hidden, hidden)
-        self.value = nn.Linear(hidden, hidden)
-        self.output = nn.Linear(hidden, hidden)
+        bias = config.attention_bias
+        if config.family.fused_qkv:
+            self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
+        else:
+            self.query = nn.Linear(hidden, hidden, bias=bias)
+            self.key = nn.Linear(hidden, hidden, bias=bias)
+            self.value = nn.Linear(hidden, hidden, bias=bias)
+        self.output = nn.Linear(hidden, hidden, bias=bias)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.layer_type = config.layer_type(index)
+        self.window_half = config.local_attention // 2 if self.layer_type == "sliding_attention" else None
+        self.rotary_kind = None if config.global_rope_theta is None else (
+            "local" if self.layer_type == "sliding_attention" else "global")
+        self.pos_att_type = tuple(config.pos_att_type or ()) if config.relative_attention else ()
+        if self.pos_att_type and not config.share_att_key:
+            if "c2p" in self.pos_att_type:
+                self.pos_key = nn.Linear(hidden, hidden)
+            if "p2c" in self.pos_att_type:
+                self.pos_query = nn.Linear(hidden, hidden)
+        # DeBERTa scales the content and each position score by sqrt(d * (1 + number of position terms)).
+        self.scale = 1.0 / math.sqrt(self.head_dim * (1 + len(self.pos_att_type)))
 
-    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """Query, key and value in one matrix product (one tall GEMM beats three narrow ones)."""
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Query, key and value of each row in one matrix product: (rows, 3 * hidden)."""
+        if hasattr(self, "qkv"):
+            return self.qkv(x)
+        if self.fused_projection is not None:
+            return self.fused_projection(x)
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        bias = None if self.query.bias is None else torch.cat([self.query.bias, self.key.bias, self.value.bias])
         return F.linear(x, weight, bias)
 
-    def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None, return_probs: bool = False,
-        unpadding: Unpadding | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        qkv = self._qkv(x)
+    fused_projection: nn.Module | None = None  # set by ``for_inference``: the three projections pre-packed as one
+
+    def forward(self, x: torch.Tensor, context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        qkv = self.project(x)
+        packing = context.packing
+        hidden = self.num_heads * self.head_dim
+        outputs, probs = [], None
+        for group in packing.groups:
+            grid = group.grid(qkv).view(group.count, group.length, 3, self.num_heads, self.head_dim)
+            q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each (count, heads, length, head_dim)
+            out, probs = self.attend_grid(q, k, v, group, context)
+            outputs.append(group.ungrid(out.transpose(1, 2).reshape(group.count, group.length, hidden)))
+        context_rows = packing.gather_groups(outputs).to(x.dtype) if outputs else x.new_zeros(0, hidden)
+        return self.output(context_rows), probs
+
+    def attend_grid(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
+                    context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(count, heads, length, head_dim) attention output of one group, and its probabilities if asked for."""
+        length = group.length
         dropout_p = self.dropout_p if self.training else 0.0
-        if unpadding is not None:  # (tokens, 3 * hidden): attention on groups of similar length
-            return self.output(unpadding.attend(qkv, self.num_heads, dropout_p)), None
-        batch, length, _ = qkv.shape
-        q, k, v = qkv.view(batch, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        probs = None
-        if return_probs:
-            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-            if bias is not None:
-                scores = scores + bias
-            probs = scores.softmax(dim=-1)
-            context = torch.matmul(F.dropout(probs, dropout_p, self.training), v)
-        else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
-        context = context.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-        return self.output(context), probs
+        if self.rotary_kind is not None:
+            cos, sin = context.rotary.get(self.rotary_kind, length, q.device)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        bias, scale = group.bias, None
+        if self.pos_att_type:
+            bias = combine_biases(self.relative_scores(q, k, length, context), bias)
+            scale = self.scale
+        windowed = self.window_half is not None and length > self.window_half + 1
+        if windowed and not context.return_probs:
+            return local_attention(q, k, v, group.key_mask, self.window_half, dropout_p, scale), None
+        if windowed:  # attention maps: the window as a mask over the full grid
+            outside = ~window_mask(length, self.window_half, q.device)
+            bias = combine_biases(bias if bias is not None else q.new_zeros(1, 1, length, length),
+                                  q.new_zeros(length, length).masked_fill(outside, torch.finfo(q.dtype).min))
+        if not context.return_probs:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale), None
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(self.head_dim))
+        if bias is not None:
+            scores = scores + bias
+        probs = scores.softmax(dim=-1)
+        return torch.matmul(F.dropout(probs, dropout_p, self.training), v), probs
+
+    def relative_scores(self, q: torch.Tensor, k: torch.Tensor, length: int,
+                        context: AttentionContext) -> torch.Tensor:
+        """DeBERTa's content-to-position and position-to-content scores, already scaled: (count, heads, L, L)."""
+        config = self.config
+        span = config.relative_span
+        embeddings = F.dropout(context.relative_embeddings[:2 * span], self.config.hidden_dropout_prob, self.training)
+        relative = context.relative_index(length, config)
+        heads, dim = self.num_heads, self.head_dim
+
+        def by_head(projection: nn.Linear) -> torch.Tensor:  # (heads, 2 * span, head_dim)
+            return projection(embeddings).view(-1, heads, dim).transpose(0, 1)
+
+        score = None
+        if "c2p" in self.pos_att_type:
+            pos_key = by_head(self.key if config.share_att_key else self.pos_key)
+            c2p = torch.matmul(q, pos_key.transpose(-1, -2))  # (count, heads, L, 2 * span)
+            index = (relative + span).clamp(0, 2 * span - 1)
+            c2p = torch.gather(c2p, -1, index.expand(*c2p.shape[:2], length, length))
+            score = c2p * self.scale
+        if "p2c" in self.pos_att_type:
+            pos_query = by_head(self.query if config.share_att_key else self.pos_query)
+            p2c = torch.matmul(k, pos_query.transpose(-1, -2))  # (count, heads, L keys, 2 * span)
+            index = (span - relative).clamp(0, 2 * span - 1)
+            p2c = torch.gather(p2c, -1, index.expand(*p2c.shape[:2], length, length)).transpose(-1, -2)
+            score = p2c * self.scale if score is None else score + p2c * self.scale
+        return score
+
+
+__all__ = ["AttentionContext", "RotaryTables", "SelfAttention", "causal_bias", "check_attention_bias",
+           "local_attention", "relative_positions", "rotate", "window_mask"]

@@ -26,17 +26,25 @@ def padding_position_ids(input_ids: torch.Tensor, pad_token_id: int) -> torch.Te
 
 
 class Embeddings(nn.Module):
+    """Word (+ absolute position) (+ segment) embeddings, normalised; ALBERT/ELECTRA project the result to the
+    hidden size after the norm, DeBERTa before it (without a bias)."""
+
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         self.config = config
         dim = config.embedding_dim
         self.word = nn.Embedding(config.vocab_size, dim, padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, dim)
+        self.position = nn.Embedding(config.max_position_embeddings, dim) if config.absolute_positions else None
         self.token_type = nn.Embedding(config.type_vocab_size, dim) if config.type_vocab_size > 0 else None
-        self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.projection = nn.Linear(dim, config.hidden_size) if config.projects_embeddings else None
-        if config.sinusoidal_pos_embds:
+        self.project_first = config.family.embedding_projection == "before_norm"
+        self.norm = nn.LayerNorm(config.hidden_size if self.project_first else dim, eps=config.layer_norm_eps,
+                                 bias=config.norm_bias)
+        dropout = config.embedding_dropout if config.embedding_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.projection = None
+        if config.projects_embeddings:
+            self.projection = nn.Linear(dim, config.hidden_size, bias=not self.project_first)
+        if config.sinusoidal_pos_embds and self.position is not None:
             with torch.no_grad():
                 self.position.weight.copy_(sinusoidal_table(config.max_position_embeddings, dim))
             self.position.weight.requires_grad_(False)
@@ -52,16 +60,18 @@ class Embeddings(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if position_ids is None:
-            position_ids = self.position_ids(input_ids)
-        x = self.word(input_ids) + self.position(position_ids)
+        x = self.word(input_ids)
+        if self.position is not None:
+            x = x + self.position(self.position_ids(input_ids) if position_ids is None else position_ids)
         if self.token_type is not None:
             if token_type_ids is None:
                 x = x + self.token_type.weight[0]
             else:
                 x = x + self.token_type(token_type_ids)
+        if self.projection is not None and self.project_first:
+            x = self.projection(x)
         x = self.dropout(self.norm(x))
-        if self.projection is not None:
+        if self.projection is not None and not self.project_first:
             x = self.projection(x)
         return x
 
@@ -82,7 +92,8 @@ def init_weights(module: nn.Module, std: float) -> None:
                     sub.weight[sub.padding_idx].zero_()
         elif isinstance(sub, nn.LayerNorm):
             nn.init.ones_(sub.weight)
-            nn.init.zeros_(sub.bias)
+            if sub.bias is not None:
+                nn.init.zeros_(sub.bias)
 
 
 __all__ = ["Embeddings", "init_weights", "padding_position_ids", "sinusoidal_table"]

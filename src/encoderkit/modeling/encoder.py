@@ -1,4 +1,12 @@
-"""The encoder: embeddings, post-norm transformer layers (optionally shared, ALBERT-style) and a pooler."""
+"""The encoder of every family: embeddings, transformer layers (post- or pre-norm, optionally shared ALBERT-style),
+and a pooler or a final norm where the family has one.
+
+There is one forward: ``EncoderModel.run`` on a (tokens, hidden) matrix laid out by a ``Packing``. Training
+and evaluation enter through ``forward`` (a padded batch, unpadded once at entry and re-padded once at exit);
+the inference engine enters through ``forward_packed`` (sequences packed back to back, never padded). Speed-ups
+for inference (pre-packed linear layers, bf16 matrix products) are applied to this same model in place by
+``modeling.inference.for_inference``.
+"""
 from __future__ import annotations
 
 import math
@@ -9,8 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EncoderConfig
-from .attention import SelfAttention, Unpadding, check_attention_bias, combine_biases, padding_bias
+from ..errors import InputError
+from .attention import AttentionContext, RotaryTables, SelfAttention, check_attention_bias
 from .embeddings import Embeddings
+from .packing import Packing
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -54,27 +64,52 @@ class EncoderOutput:
     attentions: tuple[torch.Tensor, ...] | None = None  # each layer's (batch, heads, length, length) probabilities
 
 
+def layer_norm(config: EncoderConfig, size: int | None = None) -> nn.LayerNorm:
+    return nn.LayerNorm(size or config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
+
+
 class EncoderLayer(nn.Module):
-    """One post-norm block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """One block. Post-norm (BERT, DeBERTa): x = LN(x + Attn(x)); x = LN(x + MLP(x)).
+    Pre-norm (ModernBERT): x = x + Attn(LN(x)); x = x + MLP(LN(x)). The MLP is act(W1 x) or, GeGLU,
+    act(a) * b with [a, b] = W1 x."""
 
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(self, config: EncoderConfig, index: int = 0) -> None:
         super().__init__()
-        self.attention = SelfAttention(config)
-        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.ffn_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.pre_norm = config.is_pre_norm
+        self.attention = SelfAttention(config, index)
+        first_without_norm = self.pre_norm and index == 0 and not config.family.first_layer_attention_norm
+        self.attention_norm = nn.Identity() if first_without_norm else layer_norm(config)
+        self.glu = config.family.mlp == "glu"
+        width = config.intermediate_size * (2 if self.glu else 1)
+        self.ffn_in = nn.Linear(config.hidden_size, width, bias=config.mlp_bias)
         self.activation = Activation(config.hidden_act)
-        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.ffn_norm = layer_norm(config)
+        if self.pre_norm:  # ModernBERT: dropout on the attention output and inside the MLP, none on the residual
+            self.attention_dropout = nn.Dropout(config.attention_probs_dropout_prob)
+            self.inner_dropout = nn.Dropout(config.mlp_dropout or 0.0)
+            self.output_dropout = nn.Identity()
+        else:
+            self.attention_dropout = self.output_dropout = nn.Dropout(config.hidden_dropout_prob)
+            self.inner_dropout = nn.Identity()
 
-    def forward(
-        self, x: torch.Tensor, bias: torch.Tensor | None, return_probs: bool = False,
-        unpadding: Unpadding | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attended, probs = self.attention(x, bias, return_probs, unpadding)
-        x = self.attention_norm(x + self.dropout(attended))
-        x = self.ffn_norm(x + self.dropout(self.ffn_out(self.activation(self.ffn_in(x)))))
-        return x, probs
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        inner = self.ffn_in(x)
+        if self.glu:
+            value, gate = inner.chunk(2, dim=-1)
+            inner = self.activation(value) * gate
+        else:
+            inner = self.activation(inner)
+        return self.output_dropout(self.ffn_out(self.inner_dropout(inner)))
+
+    def forward(self, x: torch.Tensor, context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.pre_norm:
+            attended, probs = self.attention(self.attention_norm(x), context)
+            x = x + self.attention_dropout(attended).to(x.dtype)
+            return x + self.mlp(self.ffn_norm(x)).to(x.dtype), probs
+        attended, probs = self.attention(x, context)
+        x = self.attention_norm(x + self.attention_dropout(attended).to(x.dtype))
+        return self.ffn_norm(x + self.mlp(x).to(x.dtype)), probs
 
 
 class Pooler(nn.Module):
@@ -83,20 +118,65 @@ class Pooler(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))
+        """(sequences, hidden) [CLS] states -> tanh(dense(...))."""
+        return torch.tanh(self.dense(hidden))
+
+
+class RelativeEmbeddings(nn.Module):
+    """DeBERTa's relative position embeddings, shared by every layer (normalised when norm_rel_ebd says so)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(2 * config.relative_span, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
+            if config.norm_rel_ebd == "layer_norm" else None
+
+    def forward(self) -> torch.Tensor:
+        weight = self.embeddings.weight
+        return self.norm(weight) if self.norm is not None else weight
+
+
+class ConvBeside(nn.Module):
+    """DeBERTa's optional convolution over the embeddings, added to the first layer's output: n-gram
+    information. It runs within each sequence (zeros beyond its ends), group by group."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        size = config.conv_kernel_size
+        self.conv = nn.Conv1d(config.hidden_size, config.hidden_size, size, padding=(size - 1) // 2,
+                              groups=config.conv_groups)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.activation = Activation(config.conv_act)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, embedded: torch.Tensor, layer_output: torch.Tensor, packing: Packing) -> torch.Tensor:
+        outputs = []
+        for group in packing.groups:
+            grid = packing.zero_padding(group.grid(embedded), group)  # (count, length, hidden)
+            out = packing.zero_padding(self.conv(grid.transpose(1, 2)).transpose(1, 2), group)
+            outputs.append(group.ungrid(out))
+        out = self.activation(self.dropout(packing.gather_groups(outputs)))
+        return self.norm(layer_output + out)
 
 
 class EncoderModel(nn.Module):
-    """The base encoder of every family: what ``BertModel``/``RobertaModel``/... are in transformers."""
+    """The base encoder of every family: what ``BertModel``/``ModernBertModel``/... are in transformers."""
 
     def __init__(self, config: EncoderConfig, add_pooler: bool | None = None) -> None:
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_unique_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_unique_layers))
         if add_pooler is None:
             add_pooler = config.family.has_pooler
         self.pooler = Pooler(config) if add_pooler else None
+        self.final_norm = layer_norm(config) if config.family.final_norm else None
+        self.relative = RelativeEmbeddings(config) if config.relative_attention else None
+        self.conv = ConvBeside(config) if config.conv_kernel_size > 0 else None
+        self.rotary = None
+        if config.global_rope_theta is not None:
+            self.rotary = RotaryTables(config.head_dim, {"global": config.global_rope_theta,
+                                                          "local": config.local_rope_theta})
 
     def layer_schedule(self) -> list[int]:
         """Which unique layer runs at each depth (identity without sharing; ALBERT repeats its groups)."""
@@ -107,6 +187,38 @@ class EncoderModel(nn.Module):
             group = int(depth / per_group)
             order.extend(group * config.inner_group_num + j for j in range(config.inner_group_num))
         return order
+
+    def check_length(self, length: int) -> None:
+        limit = self.config.max_sequence_length
+        if length > limit:
+            raise InputError(f"an input of {length} tokens is longer than this {self.config.model_type} model's "
+                             f"limit of {limit} (max_position_embeddings); truncate it (max_length={limit}) or "
+                             "split it into windows")
+
+    def run(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None,
+            packing: Packing, output_hidden_states: bool = False, output_attentions: bool = False,
+            ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """The one forward of every family, on (tokens,) ids laid out by ``packing``: the final (tokens, hidden)
+        states, and each layer's states and attention probabilities when asked for."""
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        context = AttentionContext(packing, output_attentions, self.rotary,
+                                   self.relative() if self.relative is not None else None)
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        embedded = x
+        for depth, index in enumerate(self.layer_schedule()):
+            x, probs = self.layers[index](x, context)
+            if depth == 0 and self.conv is not None:
+                x = self.conv(embedded, x, packing)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if attentions is not None:
+                attentions.append(probs)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden_states is not None:
+                hidden_states[-1] = x  # transformers reports the normalised states as the last layer's
+        return x, hidden_states, attentions
 
     def forward(
         self,
@@ -119,40 +231,44 @@ class EncoderModel(nn.Module):
         *,
         attention_bias: torch.Tensor | None = None,
     ) -> EncoderOutput:
-        """``attention_bias``: an optional additive mask of shape (batch or 1, heads or 1, queries, keys), added
-        to the padding mask in every layer (e.g. ``attention.causal_bias`` for a left-to-right mask)."""
-        unpadding = None
+        """A padded (batch, length) batch. ``attention_bias``: an optional additive mask of shape (batch or 1,
+        heads or 1, queries, keys), added to the padding mask in every layer (e.g. ``attention.causal_bias``)."""
+        batch, length = input_ids.shape
+        self.check_length(length)
+        dtype = self.embeddings.word.weight.dtype
+        if attention_bias is not None:
+            check_attention_bias(attention_bias, batch, length, self.config.num_attention_heads)
+            attention_bias = attention_bias.to(dtype)
         if (attention_mask is not None and attention_bias is None and not output_attentions
                 and _worth_unpadding(attention_mask)):
-            # Unpad once here, run every layer's dense products on real tokens only, re-pad once at the end.
-            unpadding = Unpadding.from_mask(attention_mask, self.embeddings.word.weight.dtype)
-            if position_ids is None:
-                position_ids = self.embeddings.position_ids(input_ids)
-            token_type_ids = None if token_type_ids is None else unpadding.unpad(token_type_ids)
-            input_ids, position_ids = unpadding.unpad(input_ids), unpadding.unpad(position_ids)
-        x = self.embeddings(input_ids, token_type_ids, position_ids)
-        bias = None if unpadding is not None else padding_bias(attention_mask, x.dtype)
-        if attention_bias is not None:
-            check_attention_bias(attention_bias, *input_ids.shape, self.config.num_attention_heads)
-            bias = combine_biases(bias, attention_bias.to(x.dtype))
-        hidden_states = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        for index in self.layer_schedule():
-            x, probs = self.layers[index](x, bias, output_attentions, unpadding)
-            if hidden_states is not None:
-                hidden_states.append(x)
-            if attentions is not None:
-                attentions.append(probs)
-        if unpadding is not None:
-            x = unpadding.pad(x)
-            if hidden_states is not None:
-                hidden_states = [unpadding.pad(h) for h in hidden_states]
+            # Unpad once here, run every layer on real tokens only, re-pad once at the end.
+            packing = Packing.from_mask(attention_mask, dtype)
+        else:
+            packing = Packing.padded_grid(attention_mask, batch, length, dtype, attention_bias, input_ids.device)
+        if position_ids is None and self.embeddings.position is not None:
+            position_ids = self.embeddings.position_ids(input_ids)
+        rows = [None if t is None else packing.unpad(t) for t in (input_ids, token_type_ids, position_ids)]
+        x, hidden_states, attentions = self.run(*rows, packing, output_hidden_states, output_attentions)
+        x = packing.pad(x)
+        if hidden_states is not None:
+            hidden_states = [packing.pad(h) for h in hidden_states]
         return EncoderOutput(
             last_hidden_state=x,
-            pooler_output=self.pooler(x) if self.pooler is not None else None,
+            pooler_output=self.pooler(x[:, 0]) if self.pooler is not None else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
         )
+
+    def forward_packed(self, input_ids: torch.Tensor, packing: Packing,
+                       token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Sequences packed back to back: (tokens,) ids -> (tokens, hidden) final states."""
+        self.check_length(packing.max_length)
+        position_ids = None
+        if self.embeddings.position is not None:
+            position_ids = packing.positions
+            if self.config.family.positions_from_padding:
+                position_ids = position_ids + self.config.pad_token_id + 1
+        return self.run(input_ids, token_type_ids, position_ids, packing)[0]
 
 
 UNPAD_MIN_PADDING = 0.1  # below this share of padding, re-padding in every layer costs about what it saves

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from ..config import EncoderConfig
-from .encoder import Activation
+from .encoder import Activation, layer_norm
 
 
 class MaskedLMHead(nn.Module):
@@ -14,10 +14,11 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
         dim = config.embedding_dim
-        self.transform = nn.Linear(config.hidden_size, dim)
-        self.activation = Activation(config.family.mlm_activation or config.hidden_act)
-        self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(dim, config.vocab_size)
+        self.transform = nn.Linear(config.hidden_size, dim, bias=config.classifier_bias or
+                                   config.family.classifier != "prediction_head")
+        self.activation = Activation(config.head_activation)
+        self.norm = layer_norm(config, dim)
+        self.decoder = nn.Linear(dim, config.vocab_size, bias=config.decoder_bias)
         if config.tie_word_embeddings:
             self.decoder.weight = word_embeddings.weight
 
@@ -25,57 +26,87 @@ class MaskedLMHead(nn.Module):
         return self.decoder(self.norm(self.activation(self.transform(hidden))))
 
 
-class SequenceClassificationHead(nn.Module):
-    """BERT/ALBERT: pooled output -> linear. RoBERTa/ELECTRA/DistilBERT: [CLS] -> dense -> act -> linear."""
+def _dropout(config: EncoderConfig) -> float:
+    return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+
+
+class _PredictionTransform(nn.Module):
+    """ModernBERT's prediction head before a task's output layer: dense -> activation -> norm (or nothing)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.enabled = config.family.token_head_transform
+        if self.enabled:
+            self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+            self.activation = Activation(config.head_activation)
+            self.norm = layer_norm(config)
+
+    def transform(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.activation(self.dense(hidden))) if self.enabled else hidden
+
+
+class SequenceClassificationHead(_PredictionTransform):
+    """From the sequence's summary ([CLS], or the mean of its tokens where the config says so) to labels.
+
+    BERT/ALBERT: pooled output -> linear. RoBERTa/ELECTRA/DistilBERT: [CLS] -> dense -> act -> linear.
+    DeBERTa: [CLS] -> dense -> pooler_hidden_act -> linear. ModernBERT: summary -> dense -> act -> norm -> linear."""
 
     def __init__(self, config: EncoderConfig, num_labels: int) -> None:
-        super().__init__()
+        super().__init__(config)
         style = config.family.classifier
         self.uses_pooler = style == "pooled"
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        # RoBERTa and ELECTRA drop out before their dense layer too; DistilBERT does not.
-        self.dropout_first = style in ("dense_tanh", "dense_gelu")
-        if self.uses_pooler:
-            self.dense = None
-            self.activation = None
-        else:
+        self.pooling = config.classifier_pooling if style == "prediction_head" else "cls"
+        self.dropout = nn.Dropout(_dropout(config))
+        # RoBERTa, ELECTRA and DeBERTa drop out before their dense layer too; DistilBERT does not.
+        self.dropout_first = None
+        if not self.enabled:
+            self.dense = self.activation = None
+        if style in ("dense_tanh", "dense_gelu", "dense_relu", "context_pooler"):
+            first = {"dense_tanh": _dropout(config), "dense_gelu": _dropout(config),
+                     "context_pooler": config.pooler_dropout or 0.0}.get(style)
+            self.dropout_first = nn.Dropout(first) if first is not None else None
             self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-            self.activation = Activation({"dense_tanh": "tanh", "dense_gelu": "gelu", "dense_relu": "relu"}[style])
+            self.activation = Activation({"dense_tanh": "tanh", "dense_gelu": "gelu", "dense_relu": "relu",
+                                          "context_pooler": config.pooler_hidden_act or "gelu"}[style])
         self.out = nn.Linear(config.hidden_size, num_labels)
 
-    def forward(self, last_hidden: torch.Tensor, pooled: torch.Tensor | None) -> torch.Tensor:
-        if self.dense is None:
+    def forward(self, summary: torch.Tensor, pooled: torch.Tensor | None) -> torch.Tensor:
+        """``summary``: (batch, hidden), the [CLS] states (or the token means); ``pooled``: the pooler's output."""
+        if self.uses_pooler:
             return self.out(self.dropout(pooled))
-        x = last_hidden[:, 0]
-        if self.dropout_first:
-            x = self.dropout(x)
-        x = self.activation(self.dense(x))
+        x = summary
+        if self.enabled:
+            x = self.transform(x)
+        else:
+            if self.dropout_first is not None:
+                x = self.dropout_first(x)
+            x = self.activation(self.dense(x))
         return self.out(self.dropout(x))
 
 
-class TokenClassificationHead(nn.Module):
+class TokenClassificationHead(_PredictionTransform):
     def __init__(self, config: EncoderConfig, num_labels: int) -> None:
-        super().__init__()
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        super().__init__(config)
+        p = _dropout(config)
         if config.model_type == "distilbert":
             p = config.hidden_dropout_prob  # DistilBERT uses its general dropout here
         self.dropout = nn.Dropout(p)
         self.out = nn.Linear(config.hidden_size, num_labels)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.out(self.dropout(hidden))
+        return self.out(self.dropout(self.transform(hidden)))
 
 
-class SpanHead(nn.Module):
+class SpanHead(_PredictionTransform):
     """Extractive QA: a start and an end logit per token."""
 
     def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
+        super().__init__(config)
+        self.dropout = nn.Dropout(_dropout(config)) if self.enabled else nn.Identity()
         self.out = nn.Linear(config.hidden_size, 2)
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start, end = self.out(hidden).unbind(dim=-1)
+        start, end = self.out(self.dropout(self.transform(hidden))).unbind(dim=-1)
         return start.contiguous(), end.contiguous()
 
 

@@ -38,8 +38,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError, InputError
-from ..modeling.fast import FastEncoder
-from ..precision import resolve_dtype
+from ..engine import engine_for
 from ..reports import Report, markdown_table, new_figure, roc_auc, roc_curve, save_figure, tpr_at_fpr
 from ..tokenizer import Tokenizer
 
@@ -136,16 +135,16 @@ class MLMScorer:
             raise InputError(f"max_length must be between 3 and the model's {longest} positions, found {max_length}")
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.dtype = resolve_dtype(dtype)
+        self.engine = engine_for(model, dtype, "task", token_budget, at_least=max_length)
+        self.dtype = self.engine.precision.dtype
         self.max_length = max_length
         self.mask_rate = mask_rate
         self.draws = draws
         self.seed = seed
         self.max_windows = max_windows
         self.pll_max_tokens = pll_max_tokens
-        self.token_budget = max(token_budget or (8192 if self.dtype == torch.bfloat16 else 4096), max_length)
+        self.token_budget = self.engine.precision.token_budget
         self.cls_id, self.sep_id, self.mask_id = int(cls_id), int(sep_id), int(tokenizer.mask_token_id)
-        self.fast = FastEncoder(model.encoder, self.dtype)
         roles = ("cls", "sep", "pad", "mask", "unk", "bos", "eos")
         self.special_ids = {int(i) for i in (tokenizer.token_id(role) for role in roles) if i is not None}
 
@@ -294,8 +293,7 @@ class MLMScorer:
         out: list[np.ndarray] = [np.empty(0)] * len(sequences)
         types = None  # one segment: the type ids are all 0
         with torch.autocast("cpu", enabled=False):
-            for indices, hidden, batch in self.fast.run([s.tolist() for s in sequences], types,
-                                                        token_budget=self.token_budget):
+            for indices, hidden, batch in self.engine.run([s.tolist() for s in sequences], types):
                 starts = batch.cu_seqlens[:-1].numpy()
                 rows = np.concatenate([starts[j] + positions[i] for j, i in enumerate(indices)])
                 targets = torch.from_numpy(np.concatenate([labels[i] for i in indices]))

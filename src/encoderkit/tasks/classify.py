@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..modeling.fast import pool_packed
+from ..modeling.packing import pool_packed
 from .pipeline import TaskPipeline, softmax
 
 
@@ -70,12 +70,13 @@ class Classifier(TaskPipeline):
             ids, types = [e.ids for e in encodings], [e.type_ids for e in encodings]
             with torch.inference_mode():
                 for indices, hidden, batch in self._encode(ids, types):
-                    first = hidden.index_select(0, batch.cu_seqlens[:-1]).unsqueeze(1)  # [CLS] as (batch, 1, hidden)
+                    first = batch.first_tokens(hidden)  # [CLS]: (batch, hidden)
                     pooled = pooler(first) if pooler is not None else None
                     for name, head in heads.items():
-                        out[name][indices] = head(first, pooled).float().numpy()
+                        summary = first if head.pooling == "cls" else pool_packed(hidden, batch, head.pooling)
+                        out[name][indices] = head(summary, pooled).float().numpy()
                     if "cls" in found:
-                        found["cls"][indices] = first[:, 0].numpy()
+                        found["cls"][indices] = first.numpy()
                     if "pooled" in found:
                         found["pooled"][indices] = pooled.numpy()
                     if "mean" in found:

@@ -1,6 +1,6 @@
 """Sentence embeddings: encoder states pooled (mean / CLS / max / ...) and optionally L2-normalised.
 
-``Embedder.encode`` runs the fast path (``modeling.fast``): texts are tokenised once, sorted by
+``Embedder.encode`` runs the inference engine (``encoderkit.engine``): texts are tokenised once, sorted by
 length, grouped under a token budget, packed without padding, and restored to input order.
 """
 from __future__ import annotations
@@ -19,15 +19,14 @@ import torch.nn.functional as F
 from ..errors import DataError, InputError
 from ..hub import resolve_model
 from ..modeling.encoder import EncoderModel
-from ..modeling.fast import FastEncoder, pool_packed
+from ..engine import engine_for
+from ..modeling.packing import pool_packed
 from ..tokenizer import Tokenizer
-from ..precision import resolve_dtype
 
 log = logging.getLogger(__name__)
 
 POOLING_MODES = ("mean", "cls", "max", "weightedmean", "mean_sqrt_len")
 LONG_TEXT_MODES = ("truncate", "window")
-DEFAULT_TOKEN_BUDGET = {torch.float32: 2048, torch.bfloat16: 4096}  # measured best on the bench (BENCHMARKS.md)
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -70,13 +69,13 @@ class Embedder:
         self.max_length = min(max_length or tokenizer.model_max_length, model.config.max_sequence_length)
         if self.max_length < 3:
             raise InputError(f"max_length must leave room for text between the special tokens, found {max_length}")
-        self.dtype = resolve_dtype(dtype)
-        self.token_budget = token_budget or DEFAULT_TOKEN_BUDGET[self.dtype]
-        if self.token_budget < self.max_length:
-            raise InputError(f"token_budget ({self.token_budget}) must be at least max_length ({self.max_length})")
+        if token_budget is not None and token_budget < self.max_length:
+            raise InputError(f"token_budget ({token_budget}) must be at least max_length ({self.max_length})")
+        self.engine = engine_for(model, dtype, "embed", token_budget)
+        self.dtype = self.engine.precision.dtype
+        self.token_budget = self.engine.precision.token_budget
         self.long_text = long_text
         self.window_stride = window_stride if window_stride is not None else self.max_length // 4
-        self.fast = FastEncoder(model, self.dtype)
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, pooling: str | None = None,
@@ -146,8 +145,7 @@ class Embedder:
             ids, types, owner = self._tokenize(texts)
             windows = len(ids) > len(texts)
             weights = torch.zeros(len(texts), dtype=torch.float32)
-            for batch_indices, hidden, batch in self.fast.run(ids, types, token_budget=self.token_budget,
-                                                              max_batch_size=batch_size):
+            for batch_indices, hidden, batch in self.engine.run(ids, types, max_batch_size=batch_size):
                 vectors = pool_packed(hidden, batch, self.pooling)
                 rows = torch.from_numpy(owner[batch_indices])
                 if windows:  # a text's windows are averaged, weighted by their token counts

@@ -13,14 +13,12 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ..engine import engine_for
 from ..errors import InputError
-from ..modeling.fast import FastEncoder, PackedBatch
 from ..modeling.models import task_settings
-from ..precision import resolve_dtype
-from ..progress import Progress
+from ..modeling.packing import Packing
 from ..tokenizer import Tokenizer
 
-DEFAULT_TOKEN_BUDGET = {torch.float32: 4096, torch.bfloat16: 8192}
 PROGRESS_MIN_SEQUENCES = 2048  # a pass over this many sequences or more shows progress (count, rate, ETA)
 
 
@@ -38,11 +36,11 @@ class TaskPipeline:
         self.tokenizer = tokenizer
         self.config = model.config
         self.settings = task_settings(model.config)
-        self.dtype = resolve_dtype(dtype)
         wanted = max_length or self.settings.get("max_length") or tokenizer.model_max_length
         self.max_length = min(int(wanted), model.config.max_sequence_length)
-        self.token_budget = max(token_budget or DEFAULT_TOKEN_BUDGET[self.dtype], self.max_length)
-        self.fast = FastEncoder(model.encoder, self.dtype)
+        self.engine = engine_for(model, dtype, "task", token_budget, at_least=self.max_length)
+        self.dtype = self.engine.precision.dtype
+        self.token_budget = self.engine.precision.token_budget
         self.show_progress = show_progress
 
     @classmethod
@@ -58,20 +56,14 @@ class TaskPipeline:
         return cls(model, Tokenizer.from_pretrained(resolved.tokenizer_dir), **options)
 
     def _encode(self, ids: list[list[int]], types: list[list[int]] | None
-                ) -> Iterator[tuple[np.ndarray, torch.Tensor, PackedBatch]]:
-        """Packed fp32 token states of many sequences (see ``FastEncoder.run``), outside any autocast. A long
+                ) -> Iterator[tuple[np.ndarray, torch.Tensor, Packing]]:
+        """Packed fp32 token states of many sequences (see ``Engine.run``), outside any autocast. A long
         pass (a scan screening a whole vocabulary, a large evaluation) shows its progress."""
-        if self.config.type_vocab_size < 2:  # RoBERTa/DistilBERT: one segment embedding (or none) whatever the tokenizer says
-            types = None
         shown = self.show_progress and len(ids) >= PROGRESS_MIN_SEQUENCES
-        with torch.autocast("cpu", enabled=False), \
-                Progress(len(ids), f"{type(self).__name__}: encoding", "sequences", enabled=shown) as progress:
-            for indices, hidden, batch in self.fast.run(ids, types, token_budget=self.token_budget):
-                yield indices, hidden, batch
-                progress.advance(len(indices))
+        yield from self.engine.run(ids, types, progress=f"{type(self).__name__}: encoding" if shown else None)
 
 
-def split_packed(values: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
+def split_packed(values: torch.Tensor, batch: Packing) -> list[torch.Tensor]:
     """Per-sequence slices of packed per-token values."""
     return list(values.split(batch.lengths.tolist()))
 

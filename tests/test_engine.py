@@ -1,4 +1,5 @@
-"""The fast path (packed tokens, fused QKV, pre-packed linears) equals the plain padded path."""
+"""The inference engine (packed tokens, the model prepared in place by for_inference: fused QKV, pre-packed
+linears) equals the plain padded path of the same model, for every family."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from encoderkit import Embedder, EncoderConfig, Tokenizer, build_model
-from encoderkit.modeling.fast import FastEncoder, PackedBatch, plan_batches, pool_packed
+from encoderkit.engine import engine_for
+from encoderkit.modeling.packing import Packing, plan_batches, pool_packed
 from encoderkit.tasks.embed import POOLING_MODES, pool
 
 FAMILY_CONFIGS = {
@@ -19,6 +21,13 @@ FAMILY_CONFIGS = {
     "albert": dict(model_type="albert", embedding_size=16, num_hidden_groups=1, inner_group_num=2,
                    hidden_act="gelu_new"),
     "electra": dict(model_type="electra", embedding_size=24),
+    "modernbert": dict(model_type="modernbert", type_vocab_size=0, absolute_positions=False, norm_bias=False,
+                       attention_bias=False, mlp_bias=False, layer_types=["full_attention", "sliding_attention",
+                                                                          "sliding_attention"],
+                       local_attention=8, global_rope_theta=1000.0, local_rope_theta=100.0),
+    "deberta-v2": dict(model_type="deberta-v2", type_vocab_size=0, absolute_positions=False, relative_attention=True,
+                       position_buckets=8, pos_att_type=["p2c", "c2p"], share_att_key=True,
+                       norm_rel_ebd="layer_norm", conv_kernel_size=3),
 }
 
 
@@ -52,34 +61,71 @@ def padded(ids: list[list[int]], types: list[list[int]], pad: int):
     return input_ids, mask, type_ids
 
 
+def run_engine(model, ids, types, dtype="fp32", token_budget=64):
+    """The engine's packed states restored to input order: a list of (length, hidden) tensors."""
+    engine = engine_for(model, dtype, token_budget=token_budget)
+    out = [None] * len(ids)
+    packings = []
+    for indices, hidden, packing in engine.run(ids, types):
+        packings.append(packing)
+        for index, states in zip(indices, hidden.split(packing.lengths.tolist())):
+            out[index] = states
+    return out, packings
+
+
 @pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
-def test_packed_fp32_equals_plain_path(family: str) -> None:
+def test_engine_fp32_equals_plain_path(family: str) -> None:
     model = random_model(family)
-    lengths = [17, 17, 9, 9, 9, 4, 1, 30]  # runs of equal lengths and singletons
+    lengths = [17, 17, 9, 9, 9, 4, 1, 30]  # runs of equal lengths and singletons; longer than the local window
     ids, types = random_sequences(model.config, lengths)
     input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
     with torch.no_grad():
         plain = model(input_ids, mask, type_ids).last_hidden_state
-    fast = FastEncoder(model)
-    batch = PackedBatch.from_lists(ids, types, model.config)
-    packed = fast(batch)
-    assert (packed - plain[mask.bool()]).abs().max() <= 1e-5
+    packed, packings = run_engine(model, ids, types)
+    assert len(packings) > 1  # the budget split the sequences into several batches
+    for row, states in enumerate(packed):
+        assert (states - plain[row, :lengths[row]]).abs().max() <= 1e-5, row
+    packing = Packing.from_lengths(lengths)
+    flat = torch.cat(packed)
     for mode in POOLING_MODES:
         want = pool(plain, mask, mode)
-        assert (pool_packed(packed, batch, mode) - want).abs().max() <= 1e-5, mode
+        assert (pool_packed(flat, packing, mode) - want).abs().max() <= 1e-5, mode
 
 
-@pytest.mark.parametrize("family", ["bert", "albert"])
-def test_packed_bf16_stays_close(family: str) -> None:
+@pytest.mark.parametrize("family", ["bert", "albert", "modernbert", "deberta-v2"])
+def test_engine_bf16_stays_close(family: str) -> None:
     model = random_model(family)
-    ids, types = random_sequences(model.config, [20, 12, 12, 5])
+    lengths = [20, 12, 12, 5]
+    ids, types = random_sequences(model.config, lengths)
     input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
     with torch.no_grad():
         plain = pool(model(input_ids, mask, type_ids).last_hidden_state, mask, "mean")
-    batch = PackedBatch.from_lists(ids, types, model.config)
-    fast = pool_packed(FastEncoder(model, torch.bfloat16)(batch), batch, "mean")
+    packed, _ = run_engine(model, ids, types, dtype="bf16", token_budget=1024)
+    fast = torch.stack([states.mean(0) for states in packed])
     cosine = F.cosine_similarity(fast, plain, dim=1)
     assert fast.dtype == torch.float32 and cosine.min() > 0.999
+
+
+def test_for_inference_changes_nothing_the_model_saves_or_trains(tmp_path) -> None:
+    """for_inference works in place: the state dict is the same, gradients still flow, and after an optimizer
+    step the engine computes with the new weights, not a stale packed copy."""
+    model = random_model("bert")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids, types = random_sequences(model.config, [11, 6])
+    run_engine(model, ids, types)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
+    model.train()
+    loss = model(input_ids, mask, type_ids).last_hidden_state.pow(2).mean()
+    loss.backward()
+    assert model.layers[0].attention.query.weight.grad is not None
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    model.eval()
+    with torch.no_grad():
+        plain = model(input_ids, mask, type_ids).last_hidden_state
+    packed, _ = run_engine(model, ids, types)
+    assert (packed[0] - plain[0, :11]).abs().max() <= 1e-5
 
 
 def test_plan_batches_respects_the_token_budget() -> None:

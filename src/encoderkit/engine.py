@@ -1,0 +1,70 @@
+"""The inference engine: plan batches -> pack -> run -> hand back with their order. Every pipeline, scanner and
+(the coming) server runs its encoder through it, so batching and packing are written once.
+
+Sequences (token ids, already tokenised by the caller, who knows about pairs, windows and truncation) are
+sorted longest first, cut into batches of at most ``token_budget`` padded tokens, packed back to back without
+padding (``modeling.packing``) and run through the model's one forward (``EncoderModel.forward_packed``) in
+the chosen precision, on the model prepared in place by ``for_inference``. Each batch comes back with the
+indices of its sequences, so the caller restores input order.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .modeling.encoder import EncoderModel
+from .modeling.inference import for_inference
+from .modeling.packing import Packing, plan_batches
+from .precision import Precision
+from .progress import Progress
+
+
+class Engine:
+    """Runs an encoder on many sequences in packed, length-sorted batches."""
+
+    def __init__(self, encoder: EncoderModel, precision: Precision, *, max_batch_size: int = 512) -> None:
+        self.encoder = encoder
+        self.precision = precision
+        self.max_batch_size = max_batch_size
+        for_inference(encoder, precision.dtype)
+
+    def run(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
+            max_batch_size: int | None = None, progress: str | None = None
+            ) -> Iterator[tuple[np.ndarray, torch.Tensor, Packing]]:
+        """Yields (the batch's sequence indices, their packed fp32 final states (tokens, hidden), the packing).
+        ``types``: segment ids (None: all 0). ``progress``: a label to show a progress bar under."""
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        if len(lengths) and lengths.min() <= 0:
+            raise ValueError("every sequence needs at least one token")
+        if self.encoder.config.type_vocab_size < 2:  # one segment embedding (or none), whatever the tokenizer says
+            types = None
+        budget = max(self.precision.token_budget, int(lengths.max(initial=1)))
+        device = self.encoder.embeddings.word.weight.device
+        with torch.inference_mode(), torch.autocast("cpu", enabled=False), \
+                Progress(len(ids), progress or "encoding", "sequences", enabled=progress is not None) as bar:
+            for indices in plan_batches(lengths, budget, max_batch_size or self.max_batch_size):
+                packing = Packing.from_lengths(lengths[indices], overhead=0, device=device,
+                                               mask_dtype=self.precision.dtype)
+                flat_ids = _flatten([ids[i] for i in indices], device)
+                flat_types = None if types is None else _flatten([types[i] for i in indices], device)
+                yield indices, self.encoder.forward_packed(flat_ids, packing, flat_types), packing
+                bar.advance(len(indices))
+
+
+def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
+    total = sum(len(row) for row in rows)
+    flat = np.fromiter((t for row in rows for t in row), dtype=np.int64, count=total)
+    return torch.from_numpy(flat).to(device)
+
+
+def engine_for(model: nn.Module, dtype: str | torch.dtype | Precision = "fp32", purpose: str = "task",
+               token_budget: int | None = None, at_least: int = 0) -> Engine:
+    """An engine on ``model``'s encoder (a bare encoder or a task model's), precision resolved once here."""
+    precision = Precision.resolve(dtype, purpose, token_budget, at_least)
+    return Engine(getattr(model, "encoder", model), precision)
+
+
+__all__ = ["Engine", "engine_for"]
