@@ -4,9 +4,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
+from click.testing import CliRunner, Result
 
-from encoderkit import Embedder, Tokenizer
-from encoderkit.cli import main
+from encoderkit import ConfigError, Embedder, Tokenizer, load_config, load_model
+from encoderkit.cli import cli, main
 from encoderkit.jobs import DEMO_SENTENCES, run_demo
 
 from helpers import tiny_bert_dir
@@ -93,3 +95,70 @@ def test_embed_index_search_end_to_end(tmp_path: Path, capsys) -> None:
 def test_search_missing_index(tmp_path: Path, capsys) -> None:
     assert main(["search", str(tmp_path), "query"]) == 2
     assert "not a saved index" in capsys.readouterr().err
+
+
+# ----- through click's CliRunner: the group's error boundary and exit codes, as a shell sees them -----------
+TINY_SHAPE = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 64}
+
+
+def invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="encoderkit")
+
+
+def final_model_path(result: Result) -> Path:
+    """The path of the `final model: PATH` line, which must be the last line of the output."""
+    assert result.exit_code == 0, result.output
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("final model: "), result.stdout
+    return Path(last.removeprefix("final model: "))
+
+
+@pytest.fixture()
+def small_corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(f"document {d} is about encoders and masked words.\nsecond line {d}."
+                                 for d in range(40)) + "\n", encoding="utf-8")
+    return path
+
+
+def test_config_without_model_type_names_the_accepted_forms(tmp_path: Path, small_corpus: Path) -> None:
+    shape = {k: v for k, v in TINY_SHAPE.items() if k != "model_type"}
+    (tmp_path / "config.json").write_text(json.dumps(shape), encoding="utf-8")
+    for source in (shape, json.dumps(shape), tmp_path / "config.json", tmp_path):  # the Python API
+        with pytest.raises(ConfigError, match='no "model_type".*preset name .*bert-base.*config.json.*inline JSON'):
+            load_config(source)
+    for config in (json.dumps(shape), tmp_path / "config.json"):  # the command line: one line, exit code 2
+        result = invoke("pretrain", "--corpus", small_corpus, "--out", tmp_path / "run", "--config", config,
+                        "--steps", "1")
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("encoderkit: error: "), result.stderr
+        for form in ('"model_type"', "minilm-l6-h384", "bert-base", "config.json path", "model directory",
+                     "inline JSON"):
+            assert form in lines[0]
+        assert not (tmp_path / "run" / "final").exists()
+    with pytest.raises(ConfigError, match="neither a preset nor a config file; give a preset name"):
+        load_config("no-such-shape")
+
+
+def test_pretrain_prints_the_final_model(tmp_path: Path, small_corpus: Path) -> None:
+    result = invoke("pretrain", "--corpus", small_corpus, "--out", tmp_path / "run", "--config", json.dumps(TINY_SHAPE),
+                    "--steps", "2", "--batch-size", "4", "--max-length", "32", "--save-every", "0",
+                    "--eval-every", "0", "--dtype", "fp32")
+    path = final_model_path(result)
+    assert path == tmp_path / "run" / "final" and (path / "model.safetensors").is_file()
+    model = load_model(path, task="masked-lm")
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+
+
+def test_finetune_prints_the_final_model(tmp_path: Path, minilm_dir: Path) -> None:
+    tiny = tiny_bert_dir(tmp_path / "tiny", minilm_dir)
+    rows = [f"{'good' if i % 2 else 'bad'} film number {i},{'pos' if i % 2 else 'neg'}" for i in range(24)]
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    result = invoke("finetune", "--task", "classify", "--train", tmp_path / "train.csv", "--model", tiny,
+                    "--out", tmp_path / "clf", "--epochs", "1", "--batch-size", "8", "--max-length", "16")
+    path = final_model_path(result)
+    assert path == tmp_path / "clf" and (path / "model.safetensors").is_file()
+    model = load_model(path)
+    assert model.config.id2label == {0: "neg", 1: "pos"}

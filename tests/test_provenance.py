@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from encoderkit import InputError, load_model
-from encoderkit.cli import main
+from encoderkit.cli import cli, main
 from encoderkit.security.provenance import (
     MANIFEST_NAME,
     ModelProvenanceChecker,
@@ -322,17 +323,39 @@ def test_cli_scan_provenance(tiny, tmp_path, capsys) -> None:
     out = tmp_path / "report"
     assert main(["scan", "provenance", str(tiny), "--write-manifest", "--out", str(out)]) == 0
     assert (tiny / MANIFEST_NAME).is_file()
-    assert main(["scan", "provenance", str(tiny), "--out", str(out), "--strict"]) == 0
+    assert main(["scan", "provenance", str(tiny), "--out", str(out), "--strict"]) == 0  # --strict: still accepted
     assert capsys.readouterr().out.splitlines()[-1].startswith("trusted")
     written = json.loads((out / "provenance.json").read_text())
     assert written["verdict"] == "trusted" and "Verdict: trusted" in (out / "provenance.md").read_text()
 
     (tiny / "evil.pkl").write_bytes(OS_SYSTEM_PICKLE)
-    assert main(["scan", "provenance", str(tiny), "--out", str(out)]) == 0
-    assert main(["scan", "provenance", str(tiny), "--out", str(out), "--strict"]) == 1
-    line = capsys.readouterr().out.splitlines()[-1]
-    assert line.startswith("unsafe") and "os.system" in line
+    assert main(["scan", "provenance", str(tiny), "--out", str(out)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("unsafe") and "os.system" in lines[0] and str(out) in lines[0]
     assert json.loads((out / "provenance.json").read_text())["verdict"] == "unsafe"
 
     assert main(["scan", "provenance", str(tmp_path / "absent"), "--out", str(out)]) == 2
     assert "model directory not found" in capsys.readouterr().err
+
+
+def test_cli_scan_provenance_exit_code_without_out(tiny, tmp_path) -> None:
+    """No --out needed: the verdict and its reasons are printed, nothing else is written, and a model that is not
+    trusted exits with 1, so a script checking the exit code stops at a tampered model."""
+    runner = CliRunner()
+    written = runner.invoke(cli, ["scan", "provenance", str(tiny), "--write-manifest"])
+    assert written.exit_code == 0, written.output
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    untouched = runner.invoke(cli, ["scan", "provenance", str(tiny)])
+    assert untouched.exit_code == 0 and untouched.stdout.strip() == "trusted", untouched.output
+
+    weights = tiny / "model.safetensors"
+    length, _ = header_of(weights)
+    raw = bytearray(weights.read_bytes())
+    raw[8 + length + 100] ^= 0xFF  # one byte of one tensor's data: the file still parses
+    weights.write_bytes(bytes(raw))
+    tampered = runner.invoke(cli, ["scan", "provenance", str(tiny)])
+    assert tampered.exit_code == 1, tampered.output
+    verdict, _, reason = tampered.stdout.splitlines()[0].partition(": ")
+    assert verdict in ("suspicious", "unsafe") and "model.safetensors" in reason
+    assert verdict == check_provenance(tiny).verdict
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no report files without --out

@@ -474,20 +474,36 @@ def preset(name: str, **overrides: Any) -> EncoderConfig:
 
 
 def load_config(source: str | Path | dict[str, Any]) -> EncoderConfig:
-    """A config from a preset name, a config.json path, a model directory or a dict of HF keys."""
+    """A config from a preset name, a config.json path, a model directory, inline JSON or a dict of HF keys."""
+    accepted = (f"give a preset name ({', '.join(PRESETS)}), a config.json path or a model directory, or inline "
+                f'JSON / a dict with "model_type" (one of {", ".join(FAMILIES)})')
+
+    def from_dict(data: Any, what: str) -> EncoderConfig:
+        if isinstance(data, dict) and "model_type" not in data:
+            raise ConfigError(f'{what} has no "model_type"; {accepted}')
+        return EncoderConfig.from_hf_dict(data)
+
     if isinstance(source, dict):
-        return EncoderConfig.from_hf_dict(source)
+        return from_dict(source, "the config dict")
     text = str(source)
     if text.lower() in PRESETS:
         return preset(text)
     if text.lstrip().startswith("{"):  # inline JSON, as in --config '{"model_type": "bert", ...}'
         try:
-            return EncoderConfig.from_hf_dict(json.loads(text))
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--config looks like inline JSON but is not valid JSON: {exc}") from exc
+        return from_dict(data, "the inline JSON config")
     path = Path(text)
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                data = None  # from_json_file names the problem
+            if isinstance(data, dict):
+                return from_dict(data, str(path))
         return EncoderConfig.from_json_file(path)
-    raise ConfigError(f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor a config.json file or model directory")
+    raise ConfigError(f"{text!r} is neither a preset nor a config file; {accepted}")

@@ -1,0 +1,95 @@
+"""Embeddings and search: `embed`, `index`, `search`, `eval-sts`."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .options import (
+    dtype_option,
+    json_option,
+    max_length_option,
+    model_option,
+    out_option,
+    restart_option,
+    top_k_option,
+)
+
+
+@click.command()
+@click.argument("input_path", metavar="INPUT")
+@out_option("output .npy (float32, one row per record); ids go to OUT.ids.txt", dest="out_path")
+@model_option()
+@dtype_option()
+@click.option("--format", "fmt", type=click.Choice(["text", "jsonl", "csv", "tsv"]), default=None,
+              help="input format (default: from the file extension; otherwise one text per line)")
+@click.option("--text-field", default=None, help="JSONL key / CSV column holding the text")
+@click.option("--id-field", default=None, help="JSONL key / CSV column holding the id (default: record number)")
+@max_length_option(help="tokens per text (default: the model's)")
+@click.option("--long-text", type=click.Choice(["truncate", "window"]), default="truncate", show_default=True,
+              help="texts beyond max-length: truncate (with a warning) or embed overlapping windows and average")
+@click.option("--chunk-size", type=int, default=4096, show_default=True, help="records per written chunk")
+@restart_option("ignore the progress of an interrupted run and start over")
+def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: str | None, text_field: str | None,
+          id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, restart: bool) -> None:
+    """Embed a text/JSONL/CSV file into a float32 .npy (input order) plus ids, streamed and resumable."""
+    from ..tasks.embed import embed_file
+
+    result = embed_file(input_path, out_path, model=model, fmt=fmt, text_field=text_field, id_field=id_field,
+                        chunk_size=chunk_size, resume=not restart, dtype=dtype, max_length=max_length,
+                        long_text=long_text)
+    resumed = f" (resumed after {result.resumed_from:,})" if result.resumed_from else ""
+    click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}{resumed}; "
+               f"ids in {result.ids_path}")
+
+
+@click.command("eval-sts")
+@click.argument("path")
+@model_option()
+@dtype_option()
+def eval_sts(path: str, model: str | None, dtype: str) -> None:
+    """Spearman and Pearson correlation of cosine similarity with the gold scores of an STS-B file."""
+    from ..tasks.embed import Embedder
+    from ..tasks.sts import evaluate_sts
+
+    result = evaluate_sts(path, Embedder.from_pretrained(model, dtype=dtype))
+    click.echo(f"pairs: {result.pairs}")
+    click.echo(f"spearman: {result.spearman:.6f}")
+    click.echo(f"pearson: {result.pearson:.6f}")
+
+
+@click.command()
+@click.argument("vectors_path", metavar="VECTORS")
+@out_option("directory to save the index to")
+@click.option("--ids", "ids_path", default=None, help="ids file, one per line (default: VECTORS.ids.txt if present)")
+@click.option("--kind", type=click.Choice(["exact", "hnsw", "sq8"]), default="exact", show_default=True)
+@click.option("--metric", type=click.Choice(["cosine", "ip"]), default="cosine", show_default=True)
+@model_option("model to embed queries with at search time (default: the default model)")
+@click.option("--texts", "texts_path", default=None, help="the embedded input file, to show texts in results")
+def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metric: str, model: str | None,
+          texts_path: str | None) -> None:
+    """Build a search index from an embeddings .npy (as written by `encoderkit embed`)."""
+    from ..jobs import build_index_job
+
+    built = build_index_job(vectors_path, out_dir, ids_path=ids_path, kind=kind, metric=metric, model=model,
+                            texts_path=texts_path)
+    click.echo(f"indexed {len(built):,} vectors ({built.kind}, {built.metric}) -> {out_dir}")
+
+
+@click.command()
+@click.argument("index_dir", metavar="INDEX")
+@click.argument("query")
+@top_k_option(10, dest="k")
+@model_option("model for the query (default: the one recorded in the index)")
+@json_option()
+def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool) -> None:
+    """Find the nearest texts to QUERY in a saved index."""
+    from ..jobs import search_job
+
+    hits = search_job(index_dir, query, k=k, model=model)
+    if as_json:
+        click.echo(json.dumps(hits, indent=2, ensure_ascii=False))
+        return
+    for hit in hits:
+        text = f"  {hit['text']}" if "text" in hit else ""
+        click.echo(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['id']}{text}")

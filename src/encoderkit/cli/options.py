@@ -1,0 +1,82 @@
+"""Options that several commands share, each defined once; a factory where the commands differ in a default
+or a help text."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+MODEL_HELP = "model directory (HF format or sentence-transformers); default: all-MiniLM-L6-v2"
+DTYPE_HELP = "fp32 (exact), bf16 (faster, slightly less exact), auto (bf16 where the CPU runs it natively)"
+DTYPES = ("fp32", "bf16", "auto")
+
+
+def dtype_option(default: str = "fp32", *, help: str | None = DTYPE_HELP,
+                 choices: tuple[str, ...] = DTYPES) -> Decorator:
+    """--dtype: fp32 for most commands; pre-training and the backdoor scan default to auto."""
+    return click.option("--dtype", type=click.Choice(list(choices)), default=default, show_default=True, help=help)
+
+
+def model_option(help: str = MODEL_HELP) -> Decorator:
+    """--model: a model directory, None meaning the default model."""
+    return click.option("--model", default=None, help=help)
+
+
+def seed_option(default: int = 0, *, help: str | None = None) -> Decorator:
+    return click.option("--seed", type=int, default=default, show_default=True, help=help)
+
+
+def max_length_option(default: int | None = None, *, help: str | None = None) -> Decorator:
+    """--max-length in tokens; a default of None (the model's or the task's) is not shown."""
+    return click.option("--max-length", type=int, default=default, show_default=default is not None, help=help)
+
+
+def restart_option(help: str) -> Decorator:
+    """--restart: start over instead of resuming an interrupted run."""
+    return click.option("--restart", is_flag=True, help=help)
+
+
+def out_option(help: str, *, dest: str = "out_dir", required: bool = True, **kwargs: Any) -> Decorator:
+    """--out: the directory (dest out_dir) or file (dest out_path) a command writes to."""
+    return click.option("--out", dest, required=required, help=help, **kwargs)
+
+
+def json_option(help: str = "print JSON") -> Decorator:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def top_k_option(default: int, *, dest: str = "top_k", short: bool = True, help: str | None = None) -> Decorator:
+    """--top-k (with -k unless short is False)."""
+    names = ("-k", "--top-k") if short else ("--top-k",)
+    return click.option(*names, dest, type=int, default=default, show_default=True, help=help)
+
+
+def column_options(*names: str) -> Decorator:
+    """--text-column, --pair-column, --label-column: the columns of a CSV/TSV/JSONL file."""
+    def apply(function: Callable[..., Any]) -> Callable[..., Any]:
+        for name in reversed(names):
+            function = click.option(f"--{name}-column", default=None)(function)
+        return function
+
+    return apply
+
+
+def aggregation_option(default: str | None = None, *, help: str | None = None) -> Decorator:
+    """--aggregation of the sub-word tags of a word (NER)."""
+    return click.option("--aggregation", type=click.Choice(["first", "average", "max"]), default=default,
+                        show_default=default is not None, help=help)
+
+
+def documents_option(help: str | None = None) -> Decorator:
+    """--documents: how a text file is split into documents."""
+    return click.option("--documents", type=click.Choice(["blank-line", "line"]), default="blank-line",
+                        show_default=True, help=help)
+
+
+def mask_rate_option(help: str | None = None) -> Decorator:
+    return click.option("--mask-rate", type=float, default=0.15, show_default=True, help=help)
+
+
+model_dir_argument = click.argument("model_dir")
