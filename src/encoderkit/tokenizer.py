@@ -1,4 +1,5 @@
-"""Tokenizer over the `tokenizers` library: WordPiece (BERT family) and byte-level BPE (RoBERTa).
+"""Tokenizer over the `tokenizers` library: WordPiece (BERT family), byte-level BPE (RoBERTa, ModernBERT)
+and SentencePiece Unigram (DeBERTa-v2/v3).
 
 Loads tokenizer.json, or vocab.txt, or vocab.json + merges.txt, the way transformers' fast
 tokenizers build them, so ids, type ids and offsets are the same; encodes single texts and pairs
@@ -26,6 +27,12 @@ _HUGE_LENGTH = 10**12  # transformers writes ~1e30 for "no limit"
 
 _WORDPIECE_SPECIALS = dict(pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]")
 _BPE_SPECIALS = dict(bos="<s>", pad="<pad>", eos="</s>", unk="<unk>", mask="<mask>", cls="<s>", sep="</s>")
+_MODEL_TYPES = ("BPE", "Unigram", "WordLevel", "WordPiece")  # the models the `tokenizers` library reads
+_CLASS_OF_KIND = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer"}  # for the tokenizers encoderkit builds
+# transformers' DeBERTa-v2/v3 tokenizer builds its own pipeline around tokenizer.json's vocabulary; transformers
+# takes it from config.json's model_type when tokenizer_config.json names no class.
+_DEBERTA_V2_CLASSES = ("DebertaV2Tokenizer", "DebertaV2TokenizerFast")
+_CLASS_OF_MODEL_TYPE = {"deberta-v2": "DebertaV2Tokenizer"}
 
 
 @dataclass
@@ -75,14 +82,21 @@ class BatchEncoding:
 
 class Tokenizer:
     def __init__(self, backend: Any, *, kind: str, model_max_length: int = 512, lowercase: bool | None = None,
-                 special_tokens: dict[str, str] | None = None) -> None:
+                 special_tokens: dict[str, str] | None = None, tokenizer_class: str | None = None,
+                 options: dict[str, Any] | None = None) -> None:
         self.backend = backend
         self.backend.no_truncation()
         self.backend.no_padding()
         self.kind = kind  # "wordpiece" | "bpe" | "unigram" | other model type name
         self.model_max_length = model_max_length
         self.lowercase = lowercase
-        defaults = _WORDPIECE_SPECIALS if kind == "wordpiece" else _BPE_SPECIALS
+        # transformers' class for save(); None: the class of the kind (BertTokenizer, RobertaTokenizer)
+        self.tokenizer_class = tokenizer_class
+        self.options = dict(options or {})  # other tokenizer_config.json settings save() writes back
+        # RoBERTa's <s>/</s> names where the vocabulary has them, else BERT's [CLS]/[SEP] names
+        # (DeBERTa-v3 and ModernBERT use those with Unigram and BPE models).
+        defaults = _BPE_SPECIALS if kind != "wordpiece" and backend.token_to_id(_BPE_SPECIALS["cls"]) is not None \
+            else _WORDPIECE_SPECIALS
         self.special_tokens = {k: v for k, v in {**defaults, **(special_tokens or {})}.items()
                                if v is not None and backend.token_to_id(v) is not None}
 
@@ -104,14 +118,7 @@ class Tokenizer:
         specials = settings.get("special_tokens", {})
         lowercase = settings.get("do_lower_case")
         if tokenizer_json.is_file():
-            from tokenizers import Tokenizer as Backend
-
-            try:
-                backend = Backend.from_file(str(tokenizer_json))
-            except Exception as exc:
-                raise TokenizerError(f"{tokenizer_json} is not a valid tokenizer file: {exc}") from exc
-            kind = json.loads(backend.to_str())["model"]["type"].lower()
-            return cls(backend, kind=kind, model_max_length=max_length, lowercase=lowercase, special_tokens=specials)
+            return cls._from_tokenizer_json(tokenizer_json, settings, max_length)
         if (directory / "vocab.txt").is_file():
             return cls.from_wordpiece_vocab(directory / "vocab.txt", lowercase=lowercase, model_max_length=max_length,
                                             special_tokens=specials,
@@ -122,10 +129,62 @@ class Tokenizer:
                                       special_tokens=specials,
                                       add_prefix_space=bool(settings.get("add_prefix_space", False)))
         present = sorted(p.name for p in directory.iterdir())
+        hint = ("; a SentencePiece model (.model) is not read: save it as tokenizer.json with transformers "
+                "(AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
+                if any(name.endswith(".model") for name in present) else "")
         raise TokenizerError(
             f"no tokenizer files in {directory}: expected tokenizer.json, vocab.txt (WordPiece) or "
-            f"vocab.json + merges.txt (byte-level BPE); found {present or 'nothing'}"
+            f"vocab.json + merges.txt (byte-level BPE); found {present or 'nothing'}{hint}"
         )
+
+    @classmethod
+    def _from_tokenizer_json(cls, path: Path, settings: dict[str, Any], max_length: int) -> "Tokenizer":
+        """A tokenizer.json as transformers loads it: as written, except for the classes transformers
+        rebuilds from the vocabulary (DeBERTa-v2/v3: see ``_set_deberta_v2_pipeline``)."""
+        from tokenizers import Tokenizer as Backend
+
+        expected = f"a `tokenizers` tokenizer.json whose model has a type among {', '.join(_MODEL_TYPES)}"
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = json.loads(text)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TokenizerError(f"{path} is unreadable ({exc}); expected {expected}") from exc
+        model = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(model, dict):
+            raise TokenizerError(f"{path} has no model section; expected {expected}")
+        model_type = model.get("type")
+        if model_type is not None and model_type not in _MODEL_TYPES:
+            raise TokenizerError(f"{path}: unknown model type {model_type!r}; expected {expected}")
+        specials = settings.get("special_tokens", {})
+        tokenizer_class = settings.get("tokenizer_class")
+        deberta = tokenizer_class in _DEBERTA_V2_CLASSES
+        if deberta:
+            if model_type not in (None, "Unigram"):
+                raise TokenizerError(f"{path} has a {model_type} model, but its tokenizer class {tokenizer_class} "
+                                     f"needs a Unigram (SentencePiece) model")
+            unk_id = _deberta_v2_unk_id(model.get("vocab") or [], specials.get("unk", "[UNK]"), settings.get("unk_id"))
+            if (model.get("unk_id"), model.get("byte_fallback")) != (unk_id, False):
+                model.update(unk_id=unk_id, byte_fallback=False)
+                text = json.dumps(data, ensure_ascii=False)
+        try:
+            backend = Backend.from_str(text)
+        except Exception as exc:
+            raise TokenizerError(f"{path} is not a valid tokenizer file ({exc}); expected {expected}") from exc
+        kind = (model_type or json.loads(backend.to_str())["model"]["type"]).lower()
+        lowercase = settings.get("do_lower_case")
+        options: dict[str, Any] = {}
+        if deberta:
+            named = {**_WORDPIECE_SPECIALS, **specials}
+            for role in ("cls", "sep"):
+                if backend.token_to_id(named[role]) is None:
+                    raise TokenizerError(f"{path} lacks the {role} token {named[role]!r} of {tokenizer_class}")
+            lowercase = bool(lowercase)
+            options = {"split_by_punct": bool(settings.get("split_by_punct", False)),
+                       "add_prefix_space": bool(settings.get("add_prefix_space", True))}
+            _set_deberta_v2_pipeline(backend, named, lowercase=lowercase, **options)
+            options["unk_id"] = unk_id
+        return cls(backend, kind=kind, model_max_length=max_length, lowercase=lowercase, special_tokens=specials,
+                   tokenizer_class=tokenizer_class or "PreTrainedTokenizerFast", options=options)
 
     @classmethod
     def from_wordpiece_vocab(cls, vocab_file: str | Path, *, lowercase: bool | None = None,
@@ -314,13 +373,11 @@ class Tokenizer:
         self.backend.no_truncation()
         self.backend.no_padding()
         self.backend.save(str(directory / "tokenizer.json"))
-        try:
+        if self.kind in ("wordpiece", "bpe"):
             self.backend.model.save(str(directory))  # vocab.txt, or vocab.json + merges.txt
-        except Exception as exc:  # pragma: no cover - a model kind with no vocabulary files
-            log.info("vocabulary files not written: %s", exc)
         specials = {f"{role}_token": token for role, token in self.special_tokens.items()}
-        tokenizer_class = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer"}.get(self.kind)
-        settings: dict[str, Any] = {"model_max_length": self.model_max_length, **specials}
+        tokenizer_class = self.tokenizer_class or _CLASS_OF_KIND.get(self.kind)
+        settings: dict[str, Any] = {"model_max_length": self.model_max_length, **specials, **self.options}
         if tokenizer_class:
             settings["tokenizer_class"] = tokenizer_class
         if self.lowercase is not None:
@@ -464,8 +521,37 @@ def _set_roberta_processing(backend: Any, specials: dict[str, str], add_prefix_s
     )
 
 
+def _set_deberta_v2_pipeline(backend: Any, specials: dict[str, str], *, lowercase: bool, split_by_punct: bool,
+                             add_prefix_space: bool) -> None:
+    """The normalizer, pre-tokenizer, decoder and [CLS]/[SEP] template that transformers' DebertaV2Tokenizer
+    builds itself: it keeps only the vocabulary of tokenizer.json (transformers 5 replaces the SentencePiece
+    normalizer, Strip + Precompiled charsmap + Replace, with whitespace clean-up, NFC and a right strip)."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+
+    steps = [normalizers.Lowercase()] if lowercase else []
+    steps += [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
+              normalizers.Strip(left=False, right=True)]
+    backend.normalizer = normalizers.Sequence(steps)
+    scheme = "always" if add_prefix_space else "first"
+    splits = [pre_tokenizers.Punctuation(behavior="isolated")] if split_by_punct else []
+    backend.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.Metaspace(replacement="▁",
+                                                                                        prepend_scheme=scheme)])
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    _set_bert_template(backend, specials["cls"], specials["sep"])
+
+
+def _deberta_v2_unk_id(vocab: list[Any], unk_token: str, configured: Any) -> int:
+    """The unknown token's id as DebertaV2Tokenizer finds it: the entry (unk_token, 0.0), else the
+    configured unk_id, else 1."""
+    for index, entry in enumerate(vocab):
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == unk_token and entry[1] == 0.0:
+            return index
+    return configured if isinstance(configured, int) else 1
+
+
 def _read_settings(directory: Path) -> dict[str, Any]:
-    """tokenizer_config.json and special_tokens_map.json, flattened to what encoderkit uses."""
+    """tokenizer_config.json and special_tokens_map.json, flattened to what encoderkit uses; the tokenizer
+    class is the one tokenizer_config.json names, else the one transformers takes from config.json's model_type."""
     settings: dict[str, Any] = {}
     specials: dict[str, str] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
@@ -483,8 +569,17 @@ def _read_settings(directory: Path) -> dict[str, Any]:
                 if isinstance(value, str):
                     specials[key[:-6]] = value
             elif key in ("model_max_length", "do_lower_case", "strip_accents", "tokenize_chinese_chars",
-                         "add_prefix_space"):
+                         "add_prefix_space", "split_by_punct", "unk_id", "tokenizer_class"):
                 settings[key] = value
+    if not isinstance(settings.get("tokenizer_class"), str):
+        settings.pop("tokenizer_class", None)
+    if "tokenizer_class" not in settings and (directory / "config.json").is_file():
+        try:
+            model_type = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("model_type")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            model_type = None  # the model loader reports a broken config.json
+        if model_type in _CLASS_OF_MODEL_TYPE:
+            settings["tokenizer_class"] = _CLASS_OF_MODEL_TYPE[model_type]
     if isinstance(settings.get("model_max_length"), float):
         settings["model_max_length"] = int(min(settings["model_max_length"], _HUGE_LENGTH))
     settings["special_tokens"] = specials

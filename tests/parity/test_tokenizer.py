@@ -1,13 +1,14 @@
 """Tokenizer parity with transformers' fast tokenizers: ids, type ids, offsets, masks, word ids."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from encoderkit import Tokenizer, train_tokenizer
+from encoderkit import Tokenizer, TokenizerError, train_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -169,3 +170,189 @@ def test_word_ids_and_offsets_point_into_the_text(minilm_dir) -> None:
         piece = text[start:end].lower()
         assert piece == token.removeprefix("##")
         assert piece in words[word_id].lower()
+
+
+# ----- DeBERTa-v3 (SentencePiece Unigram) and ModernBERT (byte-level BPE) tokenizer.json directories -----------
+MORE_CASES = [
+    "  leading and trailing spaces  ",
+    "tabs\tand\nnewlines\r\n  inside",
+    "double  spaces   and    more",
+    "Hello [MASK] there and [MASK].",
+    "ÀÉÎÕÜ àéîõü ÇÑ çñ ß Œuvre",
+    "12:30pm, 2024-01-05; 99.9% (approx.) $1,234.56",
+    "Ünïcödé — “smart quotes” … ½ ² ㎏ ＡＢＣ",
+    "a",
+    ".",
+    " ",
+    "long text " * 400,  # longer than any max_length below
+]
+
+
+def parity_texts(corpus: Path) -> tuple[list[str], list[str]]:
+    texts = corpus.read_text(encoding="utf-8").splitlines()[:200] + HARD_CASES + MORE_CASES
+    return texts, texts[11:] + texts[:11]
+
+
+def pairs_for_only_second(ours: Tokenizer, texts: list[str], pairs: list[str], max_length: int):
+    """The pairs whose first text leaves room: only_second cannot shorten the first text."""
+    keep = [i for i in range(len(texts)) if len(ours.tokenize(texts[i])) + 3 < max_length]
+    assert len(keep) > 100
+    return [texts[i] for i in keep], [pairs[i] for i in keep]
+
+
+def check_parity(ours: Tokenizer, reference, corpus: Path) -> None:
+    """Single texts, pairs under every truncation strategy, the model's own limit, and padded batches."""
+    texts, pairs = parity_texts(corpus)
+    compare(ours, reference, texts, truncation=False)
+    compare(ours, reference, texts, pairs, truncation="longest_first", max_length=40)
+    compare(ours, reference, *pairs_for_only_second(ours, texts, pairs, 40), truncation="only_second", max_length=40)
+    compare(ours, reference, MORE_CASES[-1:], truncation=True)  # the model_max_length limit
+    mine = ours.encode_batch(texts[:64], pairs[:64], max_length=96)
+    theirs = reference(texts[:64], pairs[:64], truncation=True, max_length=96, padding=True, return_tensors="pt",
+                       return_special_tokens_mask=True, return_token_type_ids=True)
+    for name in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask"):
+        assert torch.equal(getattr(mine, name), theirs[name]), name
+    assert [e.word_ids for e in mine.encodings] == [theirs.word_ids(i) for i in range(64)]
+
+
+def check_special_tokens(ours: Tokenizer, reference) -> None:
+    assert ours.mask_token == reference.mask_token and ours.mask_token_id == reference.mask_token_id
+    assert ours.pad_token_id == reference.pad_token_id
+    for role in ("cls", "sep", "unk"):
+        assert ours.token_id(role) == getattr(reference, f"{role}_token_id"), role
+    assert ours.vocab_size == len(reference)
+
+
+def build_deberta_v3_dir(directory: Path, corpus: Path, *, lowercase: bool = False, split_by_punct: bool = False,
+                         model_max_length: int = 384) -> Path:
+    """A small DeBERTa-v3 tokenizer, trained offline: a Unigram model with DeBERTa-v3's special-token ids
+    ([PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3, [MASK] added last) and the normalizer, pre-tokenizer, decoder and
+    post-processor of transformers' DebertaV2Converter (without the SentencePiece charsmap it cannot build)."""
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer as Backend
+
+    backend = Backend(models.Unigram())
+    steps = [normalizers.Lowercase()] if lowercase else []
+    backend.normalizer = normalizers.Sequence(steps + [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")])
+    splits = [pre_tokenizers.Punctuation(behavior="isolated")] if split_by_punct else []
+    backend.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.Metaspace("▁", prepend_scheme="always")])
+    backend.decoder = decoders.Metaspace("▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(vocab_size=1500, special_tokens=["[PAD]", "[CLS]", "[SEP]", "[UNK]"],
+                                      unk_token="[UNK]", show_progress=False)
+    backend.train([str(corpus)], trainer)
+    backend.add_special_tokens([AddedToken("[MASK]", normalized=False, special=True)])
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 1), ("[SEP]", 2)],
+    )
+    assert [backend.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[UNK]")] == [0, 1, 2, 3]
+    reference = transformers.DebertaV2TokenizerFast(tokenizer_object=backend, do_lower_case=lowercase,
+                                                    split_by_punct=split_by_punct, model_max_length=model_max_length)
+    reference.save_pretrained(str(directory))
+    return directory
+
+
+def build_modernbert_dir(directory: Path, corpus: Path) -> Path:
+    """A small ModernBERT-style tokenizer, trained offline: OLMo-like byte-level BPE (NFC, no prefix space) with
+    [CLS]/[SEP]/[PAD]/[UNK] and an lstrip [MASK] added after the vocabulary, saved as PreTrainedTokenizerFast."""
+    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer as Backend
+
+    backend = Backend(models.BPE())
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=["|||IP_ADDRESS|||", "<|padding|>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    backend.train([str(corpus)], trainer)
+    specials = [AddedToken(t, normalized=False, special=True) for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]")]
+    backend.add_special_tokens(specials + [AddedToken("[MASK]", lstrip=True, normalized=False, special=True)])
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[(t, backend.token_to_id(t)) for t in ("[CLS]", "[SEP]")],
+    )
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+        mask_token="[MASK]", model_max_length=8192, model_input_names=["input_ids", "attention_mask"],
+    )
+    reference.save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.parametrize("lowercase,split_by_punct", [(False, False), (True, True)])
+def test_deberta_v3_unigram_matches_transformers(corpus: Path, tmp_path: Path, lowercase, split_by_punct) -> None:
+    directory = build_deberta_v3_dir(tmp_path / "deberta", corpus, lowercase=lowercase, split_by_punct=split_by_punct)
+    reference = transformers.AutoTokenizer.from_pretrained(str(directory))
+    assert type(reference).__name__ == "DebertaV2Tokenizer"
+    ours = Tokenizer.from_pretrained(directory)
+    assert (ours.kind, ours.model_max_length, ours.lowercase) == ("unigram", 384, lowercase)
+    check_special_tokens(ours, reference)
+    assert ours.mask_token == "[MASK]" and ours.pad_token_id == 0 and ours.mask_token_id == 1500
+    check_parity(ours, reference, corpus)
+    assert ours.decode(ours.encode("Hello world, again.").input_ids) == reference.decode(
+        reference("Hello world, again.")["input_ids"], skip_special_tokens=True)
+
+
+def test_deberta_v3_saved_by_encoderkit_loads_in_both(corpus: Path, tmp_path: Path) -> None:
+    ours = Tokenizer.from_pretrained(build_deberta_v3_dir(tmp_path / "deberta", corpus))
+    saved = ours.save(tmp_path / "saved")
+    assert not (saved / "unigram.json").exists()
+    again = Tokenizer.from_pretrained(saved)
+    texts, pairs = parity_texts(corpus)
+    assert again.encode_ids(texts, pairs) == ours.encode_ids(texts, pairs)
+    assert again.model_max_length == 384 and again.mask_token_id == ours.mask_token_id
+    reference = transformers.AutoTokenizer.from_pretrained(str(saved))
+    assert type(reference).__name__ == "DebertaV2Tokenizer"
+    check_special_tokens(again, reference)
+    compare(again, reference, texts, pairs, truncation="longest_first", max_length=40)
+
+
+def test_deberta_v3_class_from_config_json(corpus: Path, tmp_path: Path) -> None:
+    """No tokenizer_class in tokenizer_config.json: both take DebertaV2Tokenizer from config.json's model_type."""
+    directory = build_deberta_v3_dir(tmp_path / "deberta", corpus)
+    settings = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    del settings["tokenizer_class"]
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    (directory / "config.json").write_text(json.dumps({"model_type": "deberta-v2"}), encoding="utf-8")
+    reference = transformers.AutoTokenizer.from_pretrained(str(directory))
+    assert type(reference).__name__ == "DebertaV2Tokenizer"
+    ours = Tokenizer.from_pretrained(directory)
+    assert ours.tokenizer_class == "DebertaV2Tokenizer"
+    compare(ours, reference, HARD_CASES + MORE_CASES, truncation=False)
+
+
+def test_modernbert_bpe_matches_transformers(corpus: Path, tmp_path: Path) -> None:
+    directory = build_modernbert_dir(tmp_path / "modernbert", corpus)
+    reference = transformers.AutoTokenizer.from_pretrained(str(directory))
+    ours = Tokenizer.from_pretrained(directory)
+    assert (ours.kind, ours.model_max_length, reference.model_max_length) == ("bpe", 8192, 8192)
+    check_special_tokens(ours, reference)
+    assert ours.mask_token == "[MASK]" and ours.pad_token_id == ours.convert_tokens_to_ids(["[PAD]"])[0]
+    assert "bos" not in ours.special_tokens and "eos" not in ours.special_tokens
+    check_parity(ours, reference, corpus)
+    # [MASK] takes the space before it (lstrip), as ModernBERT's fill-mask needs: no lone "Ġ" before it
+    masked = ours.encode("Paris is the [MASK] of France")
+    assert masked.input_ids == reference("Paris is the [MASK] of France")["input_ids"]
+    assert masked.tokens[masked.input_ids.index(ours.mask_token_id) - 1].endswith("the")
+    saved = ours.save(tmp_path / "saved")
+    texts, pairs = parity_texts(corpus)
+    again = Tokenizer.from_pretrained(saved)
+    assert again.encode_ids(texts, pairs) == ours.encode_ids(texts, pairs) and again.model_max_length == 8192
+    compare(again, transformers.AutoTokenizer.from_pretrained(str(saved)), texts, pairs,
+            truncation="longest_first", max_length=40)
+
+
+@pytest.mark.parametrize("content,found", [
+    ('{"version": "1.0", "model": {"type": "SentencePieceBPE", "vocab": {}}}', "unknown model type 'SentencePieceBPE'"),
+    ('{"version": "1.0", "added_tokens": []}', "no model section"),
+    ('{"version": "1.0", "model": ', "unreadable"),
+    (b"\xff\xfe\x00binary", "unreadable"),
+])
+def test_bad_tokenizer_json_names_file_and_expectation(tmp_path: Path, content, found) -> None:
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    with pytest.raises(TokenizerError) as error:
+        Tokenizer.from_pretrained(tmp_path)
+    message = str(error.value)
+    assert str(path) in message and found in message
+    assert "expected a `tokenizers` tokenizer.json whose model has a type among BPE, Unigram" in message
