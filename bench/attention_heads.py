@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=1000, help="texts of sentences.txt for the head statistics")
     args = parser.parse_args()
 
-    from encoderkit.analysis import AttentionAnalyzer, read_coreference_examples
+    from encoderkit.analysis import AttentionAnalyzer, find_antecedent_heads, read_coreference_examples
     from encoderkit.analysis.antecedents import score_example
 
     out_dir = RESULTS / "attention"
@@ -79,7 +79,7 @@ def main() -> None:
     fixture = ROOT / "tests" / "data" / "pronoun_antecedents.jsonl"
     examples = read_coreference_examples(fixture)
     kinds = [json.loads(line)["kind"] for line in fixture.read_text().splitlines() if line.strip()]
-    result = analyzer.find_antecedent_heads(examples, top_k=5, rank_by="candidate_accuracy")
+    result = find_antecedent_heads(analyzer, examples, top_k=5, rank_by="candidate_accuracy")
     result.write(out_dir)
     maps = analyzer.attend_many([e.sentence for e in examples])
     scores = [score_example(m, e) for m, e in zip(maps, examples)]

@@ -19,6 +19,7 @@ from encoderkit.analysis import (
     CoreferenceExample,
     attention_entropy,
     attention_shares,
+    find_antecedent_heads,
     head_statistics,
     key_categories,
     rank_antecedent_heads,
@@ -316,7 +317,7 @@ def test_mentions_resolve_to_the_right_characters() -> None:
 def test_finder_runs_on_the_fixture_examples(minilm: AttentionAnalyzer, tmp_path: Path) -> None:
     examples = read_coreference_examples(DATA / "pronoun_antecedents.jsonl")
     assert len(examples) == 24 and all(e.distractors for e in examples)
-    result = minilm.find_antecedent_heads(examples, top_k=5, rank_by="candidate_accuracy")
+    result = find_antecedent_heads(minilm, examples, top_k=5, rank_by="candidate_accuracy")
     assert len(result.top) == 5 and result.candidate_chance == pytest.approx(0.5)
     scores = [s.candidate_accuracy for s in result.top]
     assert scores == sorted(scores, reverse=True) and scores[0] == result.candidate_accuracy.max()
@@ -325,7 +326,7 @@ def test_finder_runs_on_the_fixture_examples(minilm: AttentionAnalyzer, tmp_path
     assert_png(written["antecedent_heads"])
     assert "Pronoun-antecedent heads" in written["markdown"].read_text()
     with pytest.raises(InputError, match="occurs not at all"):
-        minilm.find_antecedent_heads([(TROPHY, "she", "trophy")])
+        find_antecedent_heads(minilm, [(TROPHY, "she", "trophy")])
 
 
 # ---------------------------------------------------------------------------------------------

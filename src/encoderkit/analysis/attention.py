@@ -11,7 +11,7 @@ import math
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -23,9 +23,6 @@ from ..modeling.encoder import EncoderModel, EncoderOutput
 from ..reports import Report, markdown_table, save_figure
 from ..tokenizer import Encoded, Tokenizer
 from . import plots
-
-if TYPE_CHECKING:
-    from .antecedents import AntecedentHeads
 
 MASKS = ("bidirectional", "causal")
 
@@ -291,13 +288,6 @@ class AttentionAnalyzer:
                         punctuation: bool = True, mask: str = "bidirectional") -> "HeadStatistics":
         """Per-head attention shares and entropy over a corpus, averaged over tokens, then texts."""
         return head_statistics(self.iter_attend(texts, pairs, mask=mask, in_order=False), punctuation=punctuation)
-
-    def find_antecedent_heads(self, examples: Iterable, *, top_k: int = 10,
-                              rank_by: str = "accuracy") -> "AntecedentHeads":
-        """Heads ranked by pronoun -> antecedent attention over examples (see ``analysis.antecedents``)."""
-        from .antecedents import find_antecedent_heads
-
-        return find_antecedent_heads(self, examples, top_k=top_k, rank_by=rank_by)
 
     def compare_masks(self, text: str, pair: str | None = None, *, layer: int = 0, head: int = 0) -> "MaskComparison":
         """The same input under the usual bidirectional mask and under a causal one."""

@@ -1,0 +1,160 @@
+"""The sentence-transformers directory format, read and written.
+
+A sentence-transformers model is an HF model directory (config.json, model.safetensors and the tokenizer
+files at the top level) with these files beside it:
+
+    modules.json                       the pipeline: Transformer (path ""), Pooling, Normalize (if normalising)
+    sentence_bert_config.json          {"max_seq_length": N, "do_lower_case": false}
+    1_Pooling/config.json              the dimension and one pooling mode
+    2_Normalize/                       empty: the module has no settings
+    config_sentence_transformers.json  versions, prompts and the similarity function
+
+The writer uses the key names of sentence-transformers 2 to 5 (``word_embedding_dimension``, one
+``pooling_mode_*`` flag per mode, ``sentence_transformers.models.*`` module types): every version loads
+them, version 6 included (it converts them without a warning), while version 6's own keys
+(``embedding_dimension``, ``pooling_mode: "mean_sqrt_len_tokens"``) fail to load in earlier versions.
+The reader takes both.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError, ConfigError, InputError
+
+# encoderkit's pooling name -> (sentence-transformers 2-5 flag, sentence-transformers 6 ``pooling_mode``).
+# In sentence-transformers' order: the order a version-5 config lists its flags in.
+_ST_POOLING = {
+    "cls": ("pooling_mode_cls_token", "cls"),
+    "mean": ("pooling_mode_mean_tokens", "mean"),
+    "max": ("pooling_mode_max_tokens", "max"),
+    "mean_sqrt_len": ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len_tokens"),
+    "weightedmean": ("pooling_mode_weightedmean_tokens", "weightedmean"),
+}
+_UNSUPPORTED_FLAGS = {"pooling_mode_lasttoken": "lasttoken"}  # a decoder's pooling; written as false
+POOLING_MODES = tuple(_ST_POOLING)
+
+POOLING_DIR = "1_Pooling"
+NORMALIZE_DIR = "2_Normalize"
+_MODULE_TYPE = "sentence_transformers.models.{}"
+
+
+@dataclass(frozen=True)
+class SentenceTransformerInfo:
+    """What a sentence-transformers directory says about turning token states into one vector."""
+
+    pooling: str = "mean"
+    normalize: bool = False
+    max_seq_length: int | None = None
+    dimension: int | None = None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _write_json(path: Path, value: Any, **options: Any) -> None:
+    path.write_text(json.dumps(value, indent=2, **options) + "\n", encoding="utf-8")
+
+
+def read_sentence_transformer(root: Path) -> tuple[Path, SentenceTransformerInfo]:
+    """The directory holding the transformer's weights, and the pooling that follows it, from modules.json."""
+    modules = _read_json(root / "modules.json")
+    if not isinstance(modules, list):
+        raise ConfigError(f"{root / 'modules.json'} must be a list of modules")
+    weights_dir = root
+    pooling, normalize, dimension = "cls", False, None
+    max_seq_length = None
+    for module in modules:
+        kind = str(module.get("type", ""))
+        module_dir = root / module.get("path", "")
+        if kind.endswith(".Transformer"):
+            weights_dir = module_dir
+            bert_config = module_dir / "sentence_bert_config.json"
+            if not bert_config.is_file():
+                bert_config = root / "sentence_bert_config.json"
+            if bert_config.is_file():
+                max_seq_length = _read_json(bert_config).get("max_seq_length")
+        elif kind.endswith(".Pooling"):
+            pooling_config = _read_json(module_dir / "config.json")
+            pooling = pooling_mode(pooling_config)
+            dimension = pooling_config.get("word_embedding_dimension", pooling_config.get("embedding_dimension"))
+        elif kind.endswith(".Normalize"):
+            normalize = True
+    return weights_dir, SentenceTransformerInfo(pooling, normalize, max_seq_length, dimension)
+
+
+def pooling_mode(config: dict) -> str:
+    """encoderkit's name for the one pooling mode a Pooling config.json selects (any version's keys)."""
+    if "pooling_mode" in config:
+        chosen = config["pooling_mode"]
+        chosen = [chosen] if isinstance(chosen, str) else list(chosen)
+        by_st_name = {st_name: mode for mode, (_, st_name) in _ST_POOLING.items()}
+        chosen = [by_st_name.get(str(mode).lower(), str(mode).lower()) for mode in chosen]
+    else:
+        flags = {flag: mode for mode, (flag, _) in _ST_POOLING.items()} | _UNSUPPORTED_FLAGS
+        chosen = [mode for flag, mode in flags.items() if config.get(flag)]
+    if len(chosen) != 1:
+        raise ConfigError(f"pooling config selects {chosen or 'no mode'}; encoderkit supports exactly one mode")
+    if chosen[0] not in _ST_POOLING:
+        raise ConfigError(f"pooling mode {chosen[0]!r} is not supported ({', '.join(POOLING_MODES)})")
+    return chosen[0]
+
+
+def write_sentence_transformer(directory: str | Path, *, pooling: str, normalize: bool, max_seq_length: int,
+                               dimension: int, do_lower_case: bool = False,
+                               similarity_fn_name: str = "cosine") -> Path:
+    """Make an HF model directory (written by ``save_pretrained``) a sentence-transformers one.
+
+    ``pooling`` is one of ``POOLING_MODES``; ``normalize`` adds the L2-normalisation module;
+    ``max_seq_length`` is where inputs are truncated, in tokens; ``dimension`` is the hidden size.
+    """
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(f"{directory} has no config.json: save the model there first "
+                              "(model.save_pretrained(directory, tokenizer=tokenizer)), then write the "
+                              "sentence-transformers files beside it")
+    if pooling not in _ST_POOLING:
+        raise InputError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
+    for name, value in (("max_seq_length", max_seq_length), ("dimension", dimension)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise InputError(f"{name} must be a positive integer, found {value!r}")
+
+    modules = [("Transformer", ""), ("Pooling", POOLING_DIR)] + ([("Normalize", NORMALIZE_DIR)] if normalize else [])
+    _write_json(directory / "modules.json", [
+        {"idx": index, "name": str(index), "path": path, "type": _MODULE_TYPE.format(kind)}
+        for index, (kind, path) in enumerate(modules)
+    ])
+    _write_json(directory / "sentence_bert_config.json",
+                {"max_seq_length": max_seq_length, "do_lower_case": do_lower_case})
+    (directory / POOLING_DIR).mkdir(exist_ok=True)
+    flags = {flag: mode == pooling for mode, (flag, _) in _ST_POOLING.items()}
+    _write_json(directory / POOLING_DIR / "config.json", {
+        "word_embedding_dimension": dimension, **flags, **dict.fromkeys(_UNSUPPORTED_FLAGS, False),
+        "include_prompt": True,
+    })
+    if normalize:
+        (directory / NORMALIZE_DIR).mkdir(exist_ok=True)
+    _write_json(directory / "config_sentence_transformers.json", {
+        "__version__": _versions(), "default_prompt_name": None, "model_type": "SentenceTransformer",
+        "prompts": {}, "similarity_fn_name": similarity_fn_name,
+    }, sort_keys=True)
+    return directory
+
+
+def _versions() -> dict[str, str]:
+    """The writer's versions. No "sentence_transformers" entry: it did not write the files, and a version
+    there newer than the reader's own makes sentence-transformers warn."""
+    versions = {}
+    for key, distribution in (("encoderkit", "encoderkit"), ("pytorch", "torch")):
+        try:
+            versions[key] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
