@@ -177,8 +177,10 @@ class SelfAttention(nn.Module):
                 self.pos_key = nn.Linear(hidden, hidden)
             if "p2c" in self.pos_att_type:
                 self.pos_query = nn.Linear(hidden, hidden)
-        # DeBERTa scales the content and each position score by sqrt(d * (1 + number of position terms)).
-        self.scale = 1.0 / math.sqrt(self.head_dim * (1 + len(self.pos_att_type)))
+        # DeBERTa scales the content and each position score by sqrt(d * (1 + number of position terms)), the
+        # terms counted from pos_att_type even when relative attention is off (as transformers does).
+        self.scale = 1.0 / math.sqrt(self.head_dim * (1 + len(config.pos_att_type or ())))
+        self.scaled = bool(config.pos_att_type)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Query, key and value of each row in one matrix product: (rows, 3 * hidden)."""
@@ -213,10 +215,11 @@ class SelfAttention(nn.Module):
         if self.rotary_kind is not None:
             cos, sin = context.rotary.get(self.rotary_kind, length, q.device)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        bias, scale = group.bias, None
+        bias, scale = group.bias, (self.scale if self.scaled else None)
         if self.pos_att_type:
             bias = combine_biases(self.relative_scores(q, k, length, context), bias)
-            scale = self.scale
+        if bias is not None and bias.dtype not in (q.dtype, torch.bool):
+            bias = bias.to(q.dtype)
         windowed = self.window_half is not None and length > self.window_half + 1
         if windowed and not context.return_probs:
             return local_attention(q, k, v, group.key_mask, self.window_half, dropout_p, scale), None

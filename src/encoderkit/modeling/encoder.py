@@ -123,15 +123,19 @@ class Pooler(nn.Module):
 
 
 class RelativeEmbeddings(nn.Module):
-    """DeBERTa's relative position embeddings, shared by every layer (normalised when norm_rel_ebd says so)."""
+    """DeBERTa's relative position embeddings, shared by every layer (normalised when norm_rel_ebd says so).
+    transformers keeps the norm even without relative attention (unused then), so checkpoints carry it."""
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
-        self.embeddings = nn.Embedding(2 * config.relative_span, config.hidden_size)
+        self.embeddings = nn.Embedding(2 * config.relative_span, config.hidden_size) \
+            if config.relative_attention else None
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
             if config.norm_rel_ebd == "layer_norm" else None
 
-    def forward(self) -> torch.Tensor:
+    def forward(self) -> torch.Tensor | None:
+        if self.embeddings is None:
+            return None
         weight = self.embeddings.weight
         return self.norm(weight) if self.norm is not None else weight
 
@@ -171,7 +175,8 @@ class EncoderModel(nn.Module):
             add_pooler = config.family.has_pooler
         self.pooler = Pooler(config) if add_pooler else None
         self.final_norm = layer_norm(config) if config.family.final_norm else None
-        self.relative = RelativeEmbeddings(config) if config.relative_attention else None
+        self.relative = RelativeEmbeddings(config) \
+            if config.relative_attention or config.norm_rel_ebd == "layer_norm" else None
         self.conv = ConvBeside(config) if config.conv_kernel_size > 0 else None
         self.rotary = None
         if config.global_rope_theta is not None:
@@ -202,7 +207,7 @@ class EncoderModel(nn.Module):
         states, and each layer's states and attention probabilities when asked for."""
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         context = AttentionContext(packing, output_attentions, self.rotary,
-                                   self.relative() if self.relative is not None else None)
+                                   None if self.relative is None else self.relative())
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         embedded = x
