@@ -92,20 +92,31 @@ def _random_family_dir(family: str, directory: Path, minilm_dir: Path) -> tuple[
             intermediate_size=37, max_position_embeddings=66, type_vocab_size=1, pad_token_id=tokenizer.pad_token_id,
             layer_norm_eps=1e-5)
         reference = transformers.RobertaModel._from_config(config, attn_implementation="eager")
-    else:  # distilbert: no token type embeddings at all
+    else:  # with the default model's WordPiece vocabulary
         directory.mkdir(parents=True, exist_ok=True)
         for name in TOKENIZER_FILES:
             shutil.copy(minilm_dir / name, directory / name)
-        config = transformers.DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
-                                               max_position_embeddings=64)
-        reference = transformers.DistilBertModel._from_config(config, attn_implementation="eager")
+        if family == "distilbert":  # no token type embeddings at all
+            config = transformers.DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                                   max_position_embeddings=64)
+        elif family == "modernbert":  # layer 1 is local: a 4-token window
+            config = transformers.ModernBertConfig(
+                vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                global_attn_every_n_layers=2, local_attention=4, pad_token_id=0, bos_token_id=101, eos_token_id=102,
+                cls_token_id=101, sep_token_id=102)
+        else:  # DeBERTa-v3's switches
+            config = transformers.DebertaV2Config(
+                vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                relative_attention=True, pos_att_type="p2c|c2p", position_buckets=16, norm_rel_ebd="layer_norm",
+                share_att_key=True, position_biased_input=False, type_vocab_size=0)
+        reference = transformers.AutoModel.from_config(config, attn_implementation="eager")
     torch.manual_seed(0)
     _perturb(reference)
     reference.eval().save_pretrained(directory)
     return directory, reference
 
 
-@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+@pytest.mark.parametrize("family", ["roberta", "distilbert", "modernbert", "deberta-v2"])
 def test_other_families_equal_transformers(family: str, tmp_path: Path, minilm_dir: Path) -> None:
     directory, reference = _random_family_dir(family, tmp_path / family, minilm_dir)
     analyzer = AttentionAnalyzer.from_pretrained(directory)
@@ -123,6 +134,9 @@ def test_other_families_equal_transformers(family: str, tmp_path: Path, minilm_d
         # 1.2e-6 apart on an AVX512-BF16 CPU. The project's fp32 tolerance (as against transformers) is 1e-5.
         assert single.tokens == maps.tokens and np.abs(single.probabilities - maps.probabilities).max() <= 1e-5
     maps = batch[0]
+    if family == "modernbert":  # the local layer's window shows: nothing beyond 2 tokens either side
+        distance = np.abs(np.arange(maps.length)[:, None] - np.arange(maps.length)[None, :])
+        assert maps.probabilities[1][:, distance > 2].max() == 0 and maps.probabilities[0][:, distance > 2].min() > 0
     if family == "roberta":
         assert maps.tokens[0] == "<s>" and maps.cls_position == 0
         assert [maps.tokens[p] for p in maps.sep_positions] == ["</s>"] * 3  # <s> A </s></s> B </s>
@@ -429,3 +443,33 @@ def test_cli_rejects_empty_text(tmp_path: Path, minilm_dir: Path, capsys) -> Non
     model = tiny_bert_dir(tmp_path / "tiny", minilm_dir)
     assert main(["attention", str(model), " ", "--layer", "0", "--head", "0", "--out", str(tmp_path / "m.png")]) == 2
     assert "text is empty" in capsys.readouterr().err
+
+
+def test_deberta_score_parts_are_its_disentangled_terms(tmp_path: Path, minilm_dir: Path) -> None:
+    """DeBERTa's maps carry c2c, c2p and p2c: c2c is the scaled content product of transformers' own projections,
+    and the three terms, summed and softmaxed, give the probabilities (= transformers' output_attentions)."""
+    directory, reference = _random_family_dir("deberta-v2", tmp_path / "deberta", minilm_dir)
+    maps = AttentionAnalyzer.from_pretrained(directory).attend("the trophy did not fit in the suitcase")
+    assert set(maps.score_parts) == {"c2c", "c2p", "p2c"}
+    total = sum(maps.score_parts.values())
+    softmaxed = np.exp(total - total.max(-1, keepdims=True))
+    assert np.abs(softmaxed / softmaxed.sum(-1, keepdims=True) - maps.probabilities).max() <= 1e-5
+    ids = torch.tensor([maps.input_ids])
+    with torch.no_grad():
+        embedded = reference(input_ids=ids, output_hidden_states=True).hidden_states[0][0]
+        attention = reference.encoder.layer[0].attention.self
+        heads, size = 4, 8
+        q = attention.query_proj(embedded).view(-1, heads, size).transpose(0, 1)
+        k = attention.key_proj(embedded).view(-1, heads, size).transpose(0, 1)
+        want = (q @ k.transpose(-1, -2) / math.sqrt(size * 3)).numpy()  # scale sqrt(d * (1 + 2 position terms))
+    assert np.abs(maps.score_parts["c2c"][0] - want).max() <= 1e-5
+    out = tmp_path / "c2p.png"
+    assert main(["attention", str(directory), "the trophy", "--layer", "1", "--head", "0", "--part", "c2p",
+                 "--out", str(out)]) == 0
+    assert_png(out)
+
+
+def test_score_parts_refused_for_content_only_models(minilm_dir: Path, tmp_path: Path, capsys) -> None:
+    code = main(["attention", str(minilm_dir), "a text", "--layer", "0", "--head", "0", "--part", "c2p",
+                 "--out", str(tmp_path / "x.png")])
+    assert code == 2 and "no 'c2p' score part" in capsys.readouterr().err

@@ -67,6 +67,10 @@ class AttentionMaps(Report):
     sep_positions: list[int]  # the other special tokens ([SEP] / </s>)
     mask: str  # "bidirectional" or "causal"
     probabilities: np.ndarray  # (layers, heads, length, length)
+    # DeBERTa's score terms before the mask and softmax: "c2c" (content to content), "c2p" (content to position),
+    # "p2c" (position to content), each (layers, heads, length, length); their sum, masked, softmaxes to
+    # ``probabilities``. None for the other families (their scores are content only).
+    score_parts: dict[str, np.ndarray] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -98,11 +102,21 @@ class AttentionMaps(Report):
         return head_statistics([self], punctuation=punctuation)
 
     # ----- figures ----------------------------------------------------------------------------
-    def heatmap(self, layer: int, head: int, path: str | Path, max_labels: int = plots.DEFAULT_MAX_LABELS) -> Path:
-        """A PNG of one head with the tokens on both axes."""
-        matrix = self.head(layer, head)
-        title = f"layer {layer}, head {head} ({self.mask} mask; layers and heads from 0)"
-        return plots.plot_head(matrix, self.tokens, title, Path(path), max_labels)
+    def heatmap(self, layer: int, head: int, path: str | Path, max_labels: int = plots.DEFAULT_MAX_LABELS,
+                part: str | None = None) -> Path:
+        """A PNG of one head with the tokens on both axes: its probabilities, or one DeBERTa score term
+        (``part``: "c2c", "c2p" or "p2c", before the softmax)."""
+        if part is None:
+            matrix = self.head(layer, head)
+            title = f"layer {layer}, head {head} ({self.mask} mask; layers and heads from 0)"
+            return plots.plot_head(matrix, self.tokens, title, Path(path), max_labels)
+        self.check_layer_head(layer, head)
+        if not self.score_parts or part not in self.score_parts:
+            have = ", ".join(self.score_parts or ()) or "none: this model's scores are content-to-content only"
+            raise InputError(f"no {part!r} score part for this model; it has {have}")
+        title = f"layer {layer}, head {head}: {part} scores (before softmax; layers and heads from 0)"
+        return plots.plot_head(self.score_parts[part][layer, head], self.tokens, title, Path(path), max_labels,
+                               label=f"{part} score", diverging=True)
 
     def grid(self, path: str | Path, layer: int | None = None, highlight_head: int | None = None) -> Path:
         """A PNG of small multiples: all heads of ``layer``, or every layer x head when ``layer`` is None."""
@@ -244,7 +258,8 @@ class AttentionAnalyzer:
         dtype = self.encoder.embeddings.word.weight.dtype
         bias = causal_bias(batch.input_ids.shape[1], dtype) if mask == "causal" else None
         output = self.encoder(batch.input_ids, batch.attention_mask, types, output_hidden_states=True,
-                              output_attentions=True, attention_bias=bias)
+                              output_attentions=True, attention_bias=bias,
+                              output_score_parts=self.config.relative_attention)
         return output, batch.encodings, batch.attention_mask
 
     def attend(self, text: str, pair: str | None = None, *, mask: str = "bidirectional") -> AttentionMaps:
@@ -278,10 +293,18 @@ class AttentionAnalyzer:
             pair_chunk = None if pairs is None else pairs[start:start + self.batch_size]
             output, encodings, attention_mask = self.forward(chunk, pair_chunk, mask)
             stacked = torch.stack(output.attentions, dim=1).float()  # (batch, layers, heads, length, length)
+            parts = None
+            if output.score_parts and output.score_parts[0]:
+                parts = {name: torch.stack([layer[name] for layer in output.score_parts], dim=1).float()
+                         for name in output.score_parts[0]}
             for row, encoding in enumerate(encodings):
                 length = int(attention_mask[row].sum())
-                yield _maps_from(encoding, length, chunk[row], None if pair_chunk is None else pair_chunk[row],
-                                 mask, stacked[row, :, :, :length, :length].numpy())
+                maps = _maps_from(encoding, length, chunk[row], None if pair_chunk is None else pair_chunk[row],
+                                  mask, stacked[row, :, :, :length, :length].numpy())
+                if parts is not None:
+                    maps.score_parts = {name: np.ascontiguousarray(value[row, :, :, :length, :length].numpy())
+                                        for name, value in parts.items()}
+                yield maps
 
     # ----- analyses ---------------------------------------------------------------------------
     def head_statistics(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,

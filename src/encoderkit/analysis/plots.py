@@ -57,13 +57,19 @@ def draw_attention(axis, matrix: np.ndarray, tokens: Sequence[str] | None, title
 
 
 def plot_head(matrix: np.ndarray, tokens: Sequence[str], title: str, path: Path,
-              max_labels: int = DEFAULT_MAX_LABELS) -> Path:
-    """A heatmap of one head, with the tokens on both axes and a colour bar."""
+              max_labels: int = DEFAULT_MAX_LABELS, label: str = "attention probability",
+              diverging: bool = False) -> Path:
+    """A heatmap of one head, with the tokens on both axes and a colour bar (``diverging``: signed scores,
+    centred on 0)."""
     shown = min(len(tokens), max_labels)
     side = min(14.0, max(4.5, 2.5 + 0.18 * shown))
     figure, axes = subplots(1, 1, side + 1.2, side)
     image = draw_attention(axes[0, 0], matrix, tokens, title, max_labels)
-    figure.colorbar(image, ax=axes[0, 0], fraction=0.046, pad=0.04, label="attention probability")
+    if diverging:
+        bound = float(np.abs(matrix).max()) or 1.0
+        image.set_cmap("RdBu_r")
+        image.set_clim(-bound, bound)
+    figure.colorbar(image, ax=axes[0, 0], fraction=0.046, pad=0.04, label=label)
     return save_figure(figure, path)
 
 

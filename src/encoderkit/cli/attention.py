@@ -20,10 +20,13 @@ from .options import out_option
 @click.option("--stats", "stats_path", default=None,
               help="also write per-head statistics of this input as JSON (attention shares to [CLS], [SEP], itself, "
                    "its neighbours; entropy)")
+@click.option("--part", type=click.Choice(["c2c", "c2p", "p2c"]), default=None,
+              help="DeBERTa: draw one term of the scores (content-to-content, content-to-position, "
+                   "position-to-content) before the softmax, instead of the probabilities")
 @click.option("--max-labels", type=int, default=60, show_default=True,
               help="longer inputs label every k-th token so the axes stay readable")
 def attention(model: str, text: str, pair: str | None, layer: int, head: int | None, out_path: str, grid: bool,
-              mask: str, stats_path: str | None, max_labels: int) -> None:
+              mask: str, stats_path: str | None, part: str | None, max_labels: int) -> None:
     """Draw the attention probabilities of one head (or all heads of a layer) for TEXT as a PNG."""
     from pathlib import Path
 
@@ -37,6 +40,8 @@ def attention(model: str, text: str, pair: str | None, layer: int, head: int | N
         raise InputError("give --head H (numbered from 0), or --grid to draw every head of the layer")
     if grid and mask == "compare":
         raise InputError("--mask compare draws one head under both masks; give --head instead of --grid")
+    if part is not None and (grid or mask != "bidirectional"):
+        raise InputError("--part draws one head under the model's own mask; drop --grid and --mask")
     if max_labels <= 0:
         raise InputError(f"--max-labels must be positive, found {max_labels}")
     analyzer = AttentionAnalyzer.from_pretrained(model)
@@ -53,8 +58,8 @@ def attention(model: str, text: str, pair: str | None, layer: int, head: int | N
         if grid:
             maps.grid(out, layer, highlight_head=head)
         else:
-            maps.heatmap(layer, head, out, max_labels=max_labels)
-        summary = f"{maps.length} tokens, {mask} mask"
+            maps.heatmap(layer, head, out, max_labels=max_labels, part=part)
+        summary = f"{maps.length} tokens, {mask} mask" + (f", {part} scores" if part else "")
     what = f"layer {layer}, all {analyzer.num_heads} heads" if grid else f"layer {layer}, head {head}"
     click.echo(f"wrote {out} ({what}; {summary})")
     if stats_path:

@@ -98,6 +98,7 @@ class AttentionContext:
     return_probs: bool = False
     rotary: RotaryTables | None = None
     relative_embeddings: torch.Tensor | None = None  # (2 * span, hidden), normalised: DeBERTa
+    score_parts: list[dict[str, torch.Tensor]] | None = None  # filled per layer when asked (return_probs only)
     _relative_index: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def relative_index(self, length: int, config: EncoderConfig) -> torch.Tensor:
@@ -216,8 +217,10 @@ class SelfAttention(nn.Module):
             cos, sin = context.rotary.get(self.rotary_kind, length, q.device)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         bias, scale = group.bias, (self.scale if self.scaled else None)
+        parts: dict[str, torch.Tensor] = {}
         if self.pos_att_type:
-            bias = combine_biases(self.relative_scores(q, k, length, context), bias)
+            parts = self.relative_scores(q, k, length, context)
+            bias = combine_biases(sum(parts.values()), bias)
         if bias is not None and bias.dtype not in (q.dtype, torch.bool):
             bias = bias.to(q.dtype)
         windowed = self.window_half is not None and length > self.window_half + 1
@@ -230,14 +233,17 @@ class SelfAttention(nn.Module):
         if not context.return_probs:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale), None
         scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(self.head_dim))
+        if context.score_parts is not None:  # the content and position terms of the scores, before the mask
+            context.score_parts.append({"c2c": scores, **parts})
         if bias is not None:
             scores = scores + bias
         probs = scores.softmax(dim=-1)
         return torch.matmul(F.dropout(probs, dropout_p, self.training), v), probs
 
     def relative_scores(self, q: torch.Tensor, k: torch.Tensor, length: int,
-                        context: AttentionContext) -> torch.Tensor:
-        """DeBERTa's content-to-position and position-to-content scores, already scaled: (count, heads, L, L)."""
+                        context: AttentionContext) -> dict[str, torch.Tensor]:
+        """DeBERTa's content-to-position ("c2p") and position-to-content ("p2c") scores, already scaled: each
+        (count, heads, L, L)."""
         config = self.config
         span = config.relative_span
         embeddings = F.dropout(context.relative_embeddings[:2 * span], self.config.hidden_dropout_prob, self.training)
@@ -247,20 +253,20 @@ class SelfAttention(nn.Module):
         def by_head(projection: nn.Linear) -> torch.Tensor:  # (heads, 2 * span, head_dim)
             return projection(embeddings).view(-1, heads, dim).transpose(0, 1)
 
-        score = None
+        parts = {}
         if "c2p" in self.pos_att_type:
             pos_key = by_head(self.key if config.share_att_key else self.pos_key)
             c2p = torch.matmul(q, pos_key.transpose(-1, -2))  # (count, heads, L, 2 * span)
             index = (relative + span).clamp(0, 2 * span - 1)
             c2p = torch.gather(c2p, -1, index.expand(*c2p.shape[:2], length, length))
-            score = c2p * self.scale
+            parts["c2p"] = c2p * self.scale
         if "p2c" in self.pos_att_type:
             pos_query = by_head(self.query if config.share_att_key else self.pos_query)
             p2c = torch.matmul(k, pos_query.transpose(-1, -2))  # (count, heads, L keys, 2 * span)
             index = (span - relative).clamp(0, 2 * span - 1)
             p2c = torch.gather(p2c, -1, index.expand(*p2c.shape[:2], length, length)).transpose(-1, -2)
-            score = p2c * self.scale if score is None else score + p2c * self.scale
-        return score
+            parts["p2c"] = p2c * self.scale
+        return parts
 
 
 __all__ = ["AttentionContext", "RotaryTables", "SelfAttention", "causal_bias", "check_attention_bias",

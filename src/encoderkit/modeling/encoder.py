@@ -62,6 +62,8 @@ class EncoderOutput:
     pooler_output: torch.Tensor | None = None  # (batch, hidden): tanh(dense([CLS])) where the family has one
     hidden_states: tuple[torch.Tensor, ...] | None = None  # embeddings output, then each layer's output
     attentions: tuple[torch.Tensor, ...] | None = None  # each layer's (batch, heads, length, length) probabilities
+    # DeBERTa: each layer's score terms before the mask and softmax, {"c2c", "c2p", "p2c"}: (batch, heads, L, L)
+    score_parts: tuple[dict[str, torch.Tensor], ...] | None = None
 
 
 def layer_norm(config: EncoderConfig, size: int | None = None) -> nn.LayerNorm:
@@ -202,12 +204,13 @@ class EncoderModel(nn.Module):
 
     def run(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None,
             packing: Packing, output_hidden_states: bool = False, output_attentions: bool = False,
+            score_parts: list[dict[str, torch.Tensor]] | None = None,
             ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
         """The one forward of every family, on (tokens,) ids laid out by ``packing``: the final (tokens, hidden)
         states, and each layer's states and attention probabilities when asked for."""
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         context = AttentionContext(packing, output_attentions, self.rotary,
-                                   None if self.relative is None else self.relative())
+                                   None if self.relative is None else self.relative(), score_parts)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         embedded = x
@@ -235,9 +238,12 @@ class EncoderModel(nn.Module):
         output_attentions: bool = False,
         *,
         attention_bias: torch.Tensor | None = None,
+        output_score_parts: bool = False,
     ) -> EncoderOutput:
         """A padded (batch, length) batch. ``attention_bias``: an optional additive mask of shape (batch or 1,
-        heads or 1, queries, keys), added to the padding mask in every layer (e.g. ``attention.causal_bias``)."""
+        heads or 1, queries, keys), added to the padding mask in every layer (e.g. ``attention.causal_bias``).
+        ``output_score_parts`` (with ``output_attentions``): each layer's score terms, c2c and, for DeBERTa,
+        c2p and p2c."""
         batch, length = input_ids.shape
         self.check_length(length)
         dtype = self.embeddings.word.weight.dtype
@@ -253,7 +259,8 @@ class EncoderModel(nn.Module):
         if position_ids is None and self.embeddings.position is not None:
             position_ids = self.embeddings.position_ids(input_ids)
         rows = [None if t is None else packing.unpad(t) for t in (input_ids, token_type_ids, position_ids)]
-        x, hidden_states, attentions = self.run(*rows, packing, output_hidden_states, output_attentions)
+        parts: list[dict[str, torch.Tensor]] | None = [] if output_score_parts and output_attentions else None
+        x, hidden_states, attentions = self.run(*rows, packing, output_hidden_states, output_attentions, parts)
         x = packing.pad(x)
         if hidden_states is not None:
             hidden_states = [packing.pad(h) for h in hidden_states]
@@ -262,6 +269,7 @@ class EncoderModel(nn.Module):
             pooler_output=self.pooler(x[:, 0]) if self.pooler is not None else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
+            score_parts=tuple(parts) if parts is not None else None,
         )
 
     def forward_packed(self, input_ids: torch.Tensor, packing: Packing,
