@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from encoderkit import EncoderConfig, EncoderForMaskedLM
+from encoderkit import ConfigError, EncoderConfig, EncoderForMaskedLM
 from encoderkit.cli import main
 from encoderkit.data.masking import IGNORE_INDEX, Masker, MaskingConfig
 from encoderkit.training.objectives import DistillationObjective, ElectraObjective, student_from_teacher
@@ -117,3 +117,23 @@ def test_pretrain_electra_and_distill_commands(tmp_path, corpus, capsys) -> None
     assert student.config.num_hidden_layers == 2
     assert main(["pretrain", *common, "--objective", "distill", "--out", str(tmp_path / "x")]) == 2
     assert "needs --teacher" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["modernbert", "deberta-v2"])
+def test_electra_refuses_families_it_cannot_describe(family: str, tmp_path, corpus, capsys) -> None:
+    config = EncoderConfig(model_type=family, **SMALL)  # a model_type, all else BERT's: only the family matters
+    with pytest.raises(ConfigError, match=f"{family} has no ELECTRA form"):
+        ElectraObjective(config)
+    assert main(["pretrain", "--corpus", str(corpus), "--out", str(tmp_path), "--steps", "1", "--objective",
+                 "electra", "--config", json.dumps({"model_type": family, **{k: v for k, v in SMALL.items()
+                                                                                 if k != "vocab_size"}})]) == 2
+    assert "use --objective mlm" in capsys.readouterr().err
+
+
+def test_student_of_a_modernbert_teacher_keeps_its_attention_pattern() -> None:
+    layers = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    teacher = EncoderForMaskedLM(EncoderConfig(model_type="modernbert", **SMALL, layer_types=layers, local_attention=8,
+                                               global_rope_theta=160_000.0, local_rope_theta=10_000.0))
+    student = student_from_teacher(teacher)
+    assert student.config.layer_types == ["full_attention", "sliding_attention"]
+    assert torch.equal(student.encoder.layers[1].ffn_in.weight, teacher.encoder.layers[2].ffn_in.weight)

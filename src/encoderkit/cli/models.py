@@ -28,16 +28,20 @@ def info(model: str | None, as_json: bool) -> None:
               default="classification", show_default=True)
 @click.option("--constraint", type=click.Choice(["latency", "memory", "quality", "budget"]), default="latency",
               show_default=True, help="what matters most (budget = pre-training compute)")
-def models(recommend: bool, task: str, constraint: str) -> None:
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="the longest input, in tokens (implies --recommend); over 512 needs ModernBERT's 8,192-token "
+                   "context")
+def models(recommend: bool, task: str, constraint: str, max_tokens: int | None) -> None:
     """List the model zoo (published shapes, parameters computed from their configs)."""
     from ..zoo import count_parameters, recommend as pick, zoo
 
-    if recommend:
-        choice = pick(task, constraint)
+    if recommend or max_tokens is not None:
+        choice = pick(task, constraint, max_tokens=max_tokens)
         from ..config import preset
 
         params = count_parameters(preset(choice.preset))
-        click.echo(f"recommended for {task} under a {constraint} constraint: {choice.preset} "
+        inputs = f" with inputs of up to {max_tokens:,} tokens" if max_tokens is not None else ""
+        click.echo(f"recommended for {task} under a {constraint} constraint{inputs}: {choice.preset} "
                    f"({preset(choice.preset).model_type}, {params / 1e6:.1f}M parameters)")
         click.echo(f"why: {choice.reason}")
         return
@@ -46,8 +50,10 @@ def models(recommend: bool, task: str, constraint: str) -> None:
         c = entry.config
         rows.append((entry.name, c.model_type, str(c.num_hidden_layers), str(c.hidden_size),
                      str(c.num_attention_heads), str(c.embedding_dim), str(c.vocab_size),
-                     f"{entry.parameters / 1e6:.1f}M"))
-    print_table(rows, headers=("preset", "family", "layers", "hidden", "heads", "embedding", "vocab", "params"))
+                     f"{entry.parameters / 1e6:.1f}M", f"{entry.backbone_parameters / 1e6:.1f}M"))
+    # backbone: without the token embeddings, as DeBERTa-v3's model cards count ("22M backbone + 48M embedding")
+    print_table(rows, headers=("preset", "family", "layers", "hidden", "heads", "embedding", "vocab", "params",
+                               "backbone"))
 
 
 def print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> None:

@@ -9,7 +9,6 @@ import click
 from .options import (
     documents_option,
     dtype_option,
-    mask_rate_option,
     max_length_option,
     out_option,
     restart_option,
@@ -56,7 +55,8 @@ def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_s
 @click.option("--lr", type=float, default=5e-4, show_default=True)
 @click.option("--warmup-ratio", type=float, default=0.06, show_default=True)
 @click.option("--schedule", type=click.Choice(["linear", "cosine", "constant"]), default="linear", show_default=True)
-@mask_rate_option()
+@click.option("--mask-rate", type=float, default=None,
+              help="share of tokens masked; default: the family's (0.30 for ModernBERT, as in its paper; else 0.15)")
 @click.option("--whole-word", is_flag=True, help="mask whole words")
 @click.option("--static-masking", is_flag=True, help="BERT's fixed masks instead of new masks each epoch")
 @documents_option()
@@ -72,7 +72,6 @@ def pretrain(corpus, out_dir, objective, teacher, generator_config, model_config
     """Pre-train or continue pre-training (MLM, MLM+NSP, MLM+SOP, ELECTRA, distillation); resumes automatically."""
     import torch
 
-    from ..data.masking import MaskingConfig
     from ..precision import resolve_dtype
     from ..training.pretrain import pretrain as run_pretrain
 
@@ -80,12 +79,12 @@ def pretrain(corpus, out_dir, objective, teacher, generator_config, model_config
 
     result = run_pretrain(
         corpus, out_dir, objective=objective, config=model_config, tokenizer=tokenizer, valid=valid,
-        max_length=max_length, masking=MaskingConfig(rate=mask_rate, whole_word=whole_word, dynamic=not static_masking),
+        max_length=max_length, masking=dict(rate=mask_rate, whole_word=whole_word, dynamic=not static_masking),
         document_mode=documents, resume=not restart, teacher=teacher, generator_config=generator_config,
         max_steps=steps, batch_size=batch_size, grad_accumulation=grad_accumulation, learning_rate=lr,
         warmup_ratio=warmup_ratio, schedule=schedule, bf16=bf16, save_every=save_every, eval_every=eval_every,
         seed=seed)
     final = ", ".join(f"{k} {v:.4f}" for k, v in result["final"].items())
-    click.echo(f"trained {result['step']} steps on {result['examples']:,} sequences; "
-               f"{final or 'no validation set'}")
+    click.echo(f"trained {result['step']} steps on {result['examples']:,} sequences, "
+               f"{result['masking']['rate']:.0%} of tokens masked; {final or 'no validation set'}")
     click.echo(f"final model: {Path(out_dir) / 'final'}")

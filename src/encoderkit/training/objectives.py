@@ -36,6 +36,10 @@ def default_generator_config(discriminator: EncoderConfig) -> EncoderConfig:
                                extra=dict(discriminator.extra))
 
 
+# Families whose blocks an ELECTRA config cannot describe (pre-norm, rotary or disentangled attention).
+NO_REPLACED_TOKEN_DETECTION = ("modernbert", "deberta-v2")
+
+
 class ElectraObjective(nn.Module):
     """Generator (small MLM) + discriminator (replaced-token detection), loss = MLM + weight * RTD.
 
@@ -49,6 +53,12 @@ class ElectraObjective(nn.Module):
     def __init__(self, discriminator_config: EncoderConfig, generator_config: EncoderConfig | None = None,
                  rtd_weight: float = 50.0) -> None:
         super().__init__()
+        for config in (discriminator_config, generator_config):
+            if config is not None and config.model_type in NO_REPLACED_TOKEN_DETECTION:
+                raise ConfigError(
+                    "replaced-token detection is ELECTRA's objective and encoderkit runs it on BERT-style blocks "
+                    f"only; {config.model_type} has no ELECTRA form (DeBERTa-v3's ELECTRA-style pre-training is not "
+                    "supported yet): use --objective mlm")
         if discriminator_config.model_type != "electra":
             discriminator_config = dataclasses.replace(discriminator_config, model_type="electra",
                                                        extra=dict(discriminator_config.extra))
@@ -103,8 +113,9 @@ def student_from_teacher(teacher: EncoderForMaskedLM, every: int = 2) -> Encoder
     if config.num_groups != config.num_hidden_layers:
         raise ConfigError("distillation by layer selection needs a teacher without shared layers")
     keep = list(range(0, config.num_hidden_layers, every))
+    layer_types = [config.layer_type(i) for i in keep] if config.layer_types else None  # ModernBERT's pattern
     student_config = dataclasses.replace(config, num_hidden_layers=len(keep), num_hidden_groups=None,
-                                         extra=dict(config.extra))
+                                         layer_types=layer_types, extra=dict(config.extra))
     student = EncoderForMaskedLM(student_config)
     state = {k: v for k, v in teacher.state_dict().items() if not k.startswith("encoder.layers.")}
     for new_index, old_index in enumerate(keep):

@@ -9,10 +9,11 @@ from typing import Any
 
 import torch
 
-from ..config import PRESETS, load_config
+from ..config import PRESETS, EncoderConfig, load_config
 from ..data.corpus import pack_sequences, sentence_pairs, tokenize_corpus
 from ..data.masking import IGNORE_INDEX, Masker, MaskingConfig
 from ..errors import ConfigError, InputError
+from ..families import FAMILIES
 from ..modeling.models import build_model
 from ..tokenizer import Tokenizer
 from .trainer import Trainer, TrainingConfig, init_distributed
@@ -20,6 +21,51 @@ from .trainer import Trainer, TrainingConfig, init_distributed
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("mlm", "mlm-nsp", "mlm-sop", "electra", "distill")
+
+# The share of tokens each family's paper masks: ModernBERT 30% (Warner et al., 2024); BERT's 15% otherwise.
+MASK_RATES = {"modernbert": 0.30}
+DEFAULT_MASK_RATE = 0.15
+
+
+def default_mask_rate(model_type: str) -> float:
+    return MASK_RATES.get(model_type, DEFAULT_MASK_RATE)
+
+
+def resolve_masking(masking: MaskingConfig | dict[str, Any] | None, model_type: str) -> MaskingConfig:
+    """A MaskingConfig is used as given; None or a dict of MaskingConfig fields without a rate (or with rate None)
+    gets the family's rate (``default_mask_rate``)."""
+    if isinstance(masking, MaskingConfig):
+        return masking
+    fields = dict(masking or {})
+    if fields.get("rate") is None:
+        fields["rate"] = default_mask_rate(model_type)
+    try:
+        return MaskingConfig(**fields)
+    except TypeError as exc:
+        raise InputError(f"invalid masking options {sorted(fields)}: {exc}") from exc
+
+
+def _require_pair_head(config: EncoderConfig, objective: str) -> None:
+    """MLM+NSP / MLM+SOP train the sentence-pair head that only some families have."""
+    if config.family.pair_objective is None:
+        having = ", ".join(f"{name} ({family.pair_objective.upper()})" for name, family in FAMILIES.items()
+                           if family.pair_objective)
+        raise ConfigError(f"--objective {objective} trains a sentence-pair head, which only {having} models have; "
+                          f"{config.model_type} has none: use --objective mlm")
+
+
+def _with_tokenizer(config: EncoderConfig, tok: Tokenizer, max_length: int, overrides: dict[str, Any] | None
+                    ) -> EncoderConfig:
+    """A fresh model's config fitted to the tokenizer: its vocabulary, padding and (where the family records them)
+    bos/eos ids, and positions for max_length."""
+    ids: dict[str, Any] = {}
+    for field, role, fallback in (("bos_token_id", "bos", "cls"), ("eos_token_id", "eos", "sep")):
+        if getattr(config, field) is not None:
+            token = tok.token_id(role)
+            ids[field] = token if token is not None else tok.token_id(fallback)
+    return dataclasses.replace(config, vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id,
+                               max_position_embeddings=max(config.max_position_embeddings, max_length + 2), extra={},
+                               **{**ids, **(overrides or {})})
 
 
 @dataclass
@@ -32,16 +78,22 @@ class PretrainSetup:
 
 
 def _is_model_dir(source: Any) -> bool:
-    return isinstance(source, (str, Path)) and Path(source).is_dir() and (Path(source) / "config.json").is_file()
+    if not isinstance(source, (str, Path)) or str(source).lstrip().startswith("{"):  # inline JSON is no path
+        return False
+    try:
+        return Path(source).is_dir() and (Path(source) / "config.json").is_file()
+    except OSError:  # e.g. a name too long for a path
+        return False
 
 
 def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | dict | None = "minilm-l6-h384",
             tokenizer: str | Path | None = None, valid: str | Path | None = None, max_length: int = 128,
-            masking: MaskingConfig | None = None, document_mode: str = "blank-line", seed: int = 0,
+            masking: MaskingConfig | dict[str, Any] | None = None, document_mode: str = "blank-line", seed: int = 0,
             cache_dir: str | Path | None = None, config_overrides: dict[str, Any] | None = None,
             teacher: str | Path | None = None, generator_config: str | Path | None = None) -> PretrainSetup:
     """Model, tokenizer, masker and examples for a run. ``config`` is a preset name, a config.json or
-    dict, or a model directory to continue pre-training from (its MLM head is added if missing)."""
+    dict, or a model directory to continue pre-training from (its MLM head is added if missing).
+    ``masking``: see ``resolve_masking`` (None: the family's masking rate, 30% for ModernBERT, else 15%)."""
     from ..checkpoints import load_model
     from ..hub import resolve_model
 
@@ -63,25 +115,23 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
         from .objectives import ElectraObjective
 
         base = load_model(config, task="base").config if continuing else load_config(config)
-        base = dataclasses.replace(base, vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id,
-                                   max_position_embeddings=max(base.max_position_embeddings, max_length + 2),
-                                   extra={}, **(config_overrides or {}))
+        base = _with_tokenizer(base, tok, max_length, config_overrides)
         torch.manual_seed(seed)
         model = ElectraObjective(base, load_config(generator_config) if generator_config else None)
         if continuing and (Path(config) / "generator").is_dir():  # an earlier ELECTRA run: both networks
             model.load_checkpoint(config)
     elif continuing:
+        if task == "pretraining":
+            _require_pair_head(load_config(config), objective)
         model = load_model(config, task=task)
         if model.config.vocab_size < tok.vocab_size:
             raise ConfigError(f"the tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
     else:
         if config is None:
             raise InputError(f"name a model shape: a preset ({', '.join(PRESETS)}), a config.json or a model directory")
-        model_config = load_config(config)
-        model_config = dataclasses.replace(
-            model_config, vocab_size=tok.vocab_size, pad_token_id=tok.pad_token_id,
-            max_position_embeddings=max(model_config.max_position_embeddings, max_length + 2), extra={},
-            **(config_overrides or {}))
+        model_config = _with_tokenizer(load_config(config), tok, max_length, config_overrides)
+        if task == "pretraining":
+            _require_pair_head(model_config, objective)
         torch.manual_seed(seed)
         model = build_model(model_config, task)
     if model.config.max_sequence_length < max_length:
@@ -89,8 +139,8 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
                           f"({model.config.max_sequence_length})")
     cls_id, sep_id = tok.token_id("cls"), tok.token_id("sep")
     specials = [tok.token_id(role) for role in ("cls", "sep", "pad", "mask", "unk", "bos", "eos")]
-    masker = Masker(masking or MaskingConfig(), vocab_size=model.config.vocab_size, mask_token_id=tok.mask_token_id,
-                    special_token_ids=specials, seed=seed)
+    masker = Masker(resolve_masking(masking, model.config.model_type), vocab_size=model.config.vocab_size,
+                    mask_token_id=tok.mask_token_id, special_token_ids=specials, seed=seed)
 
     def examples(path: str | Path) -> list[dict]:
         corpus_tokens = tokenize_corpus(path, tok, mode=document_mode, cache_dir=cache_dir)
@@ -135,10 +185,14 @@ def mlm_evaluator(setup: PretrainSetup, batch_size: int = 64, max_examples: int 
 
 def pretrain(corpus: str | Path, output_dir: str | Path, *, objective: str = "mlm",
              config: str | Path | dict | None = "minilm-l6-h384", tokenizer: str | Path | None = None,
-             valid: str | Path | None = None, max_length: int = 128, masking: MaskingConfig | None = None,
-             document_mode: str = "blank-line", resume: bool = True, teacher: str | Path | None = None,
-             generator_config: str | Path | None = None, **training: Any) -> dict[str, Any]:
-    """Pre-train (or continue pre-training) and save checkpoints and the final model in HF format."""
+             valid: str | Path | None = None, max_length: int = 128,
+             masking: MaskingConfig | dict[str, Any] | None = None, document_mode: str = "blank-line",
+             resume: bool = True, teacher: str | Path | None = None, generator_config: str | Path | None = None,
+             **training: Any) -> dict[str, Any]:
+    """Pre-train (or continue pre-training) and save checkpoints and the final model in HF format.
+
+    ``masking``: a MaskingConfig, or a dict of its fields; without a rate, the family's (``default_mask_rate``:
+    0.30 for ModernBERT as in its paper, 0.15 otherwise). The result's "masking" holds the options used."""
     seed = training.pop("seed", 0)
     joined = init_distributed()
     try:
@@ -162,4 +216,5 @@ def _pretrain(corpus, output_dir, *, objective, config, tokenizer, valid, max_le
                       evaluate=mlm_evaluator(setup), forward_kwargs={"sparse": True}, tokenizer=setup.tokenizer)
     result = trainer.train(resume=resume)
     result["examples"] = len(setup.train_examples)
+    result["masking"] = dataclasses.asdict(setup.masker.config)
     return result
