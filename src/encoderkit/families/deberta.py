@@ -42,6 +42,9 @@ FAMILY = Family(
         "mlm": mlm_rules("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
                          "cls.predictions.decoder", "cls.predictions.bias"),
         "classifier": (("classifier.dense", "pooler.dense"), ("classifier.out", "classifier")),
+        # DeBERTa-v3's RTD discriminator head (transformers has no class for it: it loads the encoder alone)
+        "rtd": (("rtd_head.dense", "discriminator_predictions.dense"),
+                ("rtd_head.prediction", "discriminator_predictions.dense_prediction")),
         **TOKEN_AND_SPAN_HEADS,
     },
     alternative_head_rules={  # "legacy": false: the decoder is the word embeddings, only the bias is stored

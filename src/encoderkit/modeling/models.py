@@ -413,8 +413,8 @@ def task_from_architectures(config: EncoderConfig) -> str:
         if not name.startswith(stem):
             continue
         suffix = name[len(stem):]
-        if suffix == "ForPreTraining":
-            return "replaced-token-detection" if config.model_type == "electra" else "pretraining"
+        if suffix == "ForPreTraining":  # NSP/SOP where the family has one, else its RTD discriminator
+            return "pretraining" if config.family.pair_objective else "replaced-token-detection"
         for task, task_suffix in HF_SUFFIX.items():
             if task_suffix == suffix and task != "multitask":
                 return task
@@ -425,6 +425,7 @@ def build_model(config: EncoderConfig, task: str = "base") -> nn.Module:
     """A freshly initialised model for ``task`` (see ``TASK_MODELS``)."""
     if task not in TASK_MODELS:
         raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASK_MODELS)}")
-    if task == "replaced-token-detection" and config.model_type != "electra":
-        raise ConfigError("replaced-token detection is ELECTRA's objective; the config is " + config.model_type)
+    if task == "replaced-token-detection" and "rtd" not in config.family.head_rules:
+        raise ConfigError("replaced-token detection is ELECTRA's and DeBERTa-v3's objective; the config is "
+                          + config.model_type)
     return TASK_MODELS[task](config)

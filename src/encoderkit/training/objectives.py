@@ -1,4 +1,5 @@
-"""Pre-training objectives that need more than one network: ELECTRA and DistilBERT distillation.
+"""Pre-training objectives that need more than one network: replaced-token detection (ELECTRA, and DeBERTa-v3
+with gradient-disentangled embedding sharing) and DistilBERT distillation.
 
 Both wrap encoderkit task models and expose what the Trainer uses: ``forward(**batch) -> .loss``,
 ``config``, ``save_pretrained`` and ``load_checkpoint``.
@@ -28,7 +29,11 @@ class ObjectiveOutput:
 
 
 def default_generator_config(discriminator: EncoderConfig) -> EncoderConfig:
-    """ELECTRA's recipe: a generator a quarter of the discriminator's width, sharing its embeddings."""
+    """ELECTRA's recipe: a generator a quarter of the discriminator's width, sharing its embeddings. DeBERTa-v3's:
+    the discriminator's width and half its depth (He et al., 2023, section 5)."""
+    if discriminator.model_type == "deberta-v2":
+        return dataclasses.replace(discriminator, num_hidden_layers=max(1, discriminator.num_hidden_layers // 2),
+                                   extra=dict(discriminator.extra))
     hidden = max(discriminator.head_dim, discriminator.hidden_size // 4)
     heads = max(1, hidden // discriminator.head_dim)
     return dataclasses.replace(discriminator, hidden_size=hidden, num_attention_heads=heads,
@@ -36,16 +41,46 @@ def default_generator_config(discriminator: EncoderConfig) -> EncoderConfig:
                                extra=dict(discriminator.extra))
 
 
-# Families whose blocks an ELECTRA config cannot describe (pre-norm, rotary or disentangled attention).
-NO_REPLACED_TOKEN_DETECTION = ("modernbert", "deberta-v2")
+# Families with no replaced-token detection form: ModernBERT was pre-trained with MLM alone.
+NO_REPLACED_TOKEN_DETECTION = ("modernbert",)
+GDES_DELTA = "gdes_delta.safetensors"  # the discriminator's own embedding deltas, beside its checkpoint
+
+
+class DisentangledEmbedding(nn.Module):
+    """DeBERTa-v3's gradient-disentangled embedding sharing (He et al., 2023, section 4): the discriminator reads
+    E_D = sg(E_G) + E_delta. The generator's table E_G learns from the MLM loss only (the stop-gradient keeps
+    the discriminator's pull, which the paper finds fights the generator's, out of it); the discriminator learns
+    its own difference E_delta, which starts at zero."""
+
+    def __init__(self, source: nn.Embedding) -> None:
+        super().__init__()
+        object.__setattr__(self, "source", source)  # the generator's module: not registered twice
+        self.delta = nn.Parameter(torch.zeros_like(source.weight))
+        self.padding_idx = source.padding_idx
+        self.num_embeddings, self.embedding_dim = source.num_embeddings, source.embedding_dim
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.source.weight.detach() + self.delta
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight, self.padding_idx)
+
+    def merged(self) -> nn.Embedding:
+        """E_G + E_delta as a plain embedding: what the discriminator is, once trained."""
+        table = nn.Embedding(self.num_embeddings, self.embedding_dim, padding_idx=self.padding_idx)
+        with torch.no_grad():
+            table.weight.copy_(self.weight)
+        return table
 
 
 class ElectraObjective(nn.Module):
     """Generator (small MLM) + discriminator (replaced-token detection), loss = MLM + weight * RTD.
 
     The generator's predictions at the masked positions are sampled to replace those tokens; the
-    discriminator learns, at every real token, whether it was replaced. The two share their token,
-    position and segment embeddings.
+    discriminator learns, at every real token, whether it was replaced. ELECTRA's two networks share their
+    token, position and segment embeddings; DeBERTa-v3's share them through a stop-gradient plus the
+    discriminator's own delta (``DisentangledEmbedding``).
     """
 
     task = "replaced-token-detection"
@@ -56,10 +91,10 @@ class ElectraObjective(nn.Module):
         for config in (discriminator_config, generator_config):
             if config is not None and config.model_type in NO_REPLACED_TOKEN_DETECTION:
                 raise ConfigError(
-                    "replaced-token detection is ELECTRA's objective and encoderkit runs it on BERT-style blocks "
-                    f"only; {config.model_type} has no ELECTRA form (DeBERTa-v3's ELECTRA-style pre-training is not "
-                    "supported yet): use --objective mlm")
-        if discriminator_config.model_type != "electra":
+                    f"replaced-token detection runs on ELECTRA- and DeBERTa-shaped models; {config.model_type} was "
+                    "pre-trained with MLM alone: use --objective mlm")
+        self.disentangled = discriminator_config.model_type == "deberta-v2"
+        if discriminator_config.model_type not in ("electra", "deberta-v2"):
             discriminator_config = dataclasses.replace(discriminator_config, model_type="electra",
                                                        extra=dict(discriminator_config.extra))
         generator_config = generator_config or default_generator_config(discriminator_config)
@@ -74,9 +109,20 @@ class ElectraObjective(nn.Module):
 
     def tie_embeddings(self) -> None:
         shared, own = self.discriminator.encoder.embeddings, self.generator.encoder.embeddings
+        if self.disentangled:  # the discriminator reads the generator's tables through DisentangledEmbedding
+            for name in ("word", "position", "token_type"):
+                source, current = getattr(own, name), getattr(shared, name)
+                if source is not None and not isinstance(current, DisentangledEmbedding):
+                    setattr(shared, name, DisentangledEmbedding(source))
+            return
         own.word, own.position, own.token_type = shared.word, shared.position, shared.token_type
         if self.generator.config.tie_word_embeddings:
             self.generator.mlm_head.decoder.weight = shared.word.weight
+
+    def _disentangled_tables(self) -> dict[str, DisentangledEmbedding]:
+        embeddings = self.discriminator.encoder.embeddings
+        return {name: getattr(embeddings, name) for name in ("word", "position", "token_type")
+                if isinstance(getattr(embeddings, name), DisentangledEmbedding)}
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, **_: Any) -> ObjectiveOutput:
         generated = self.generator(input_ids, attention_mask, token_type_ids, labels=labels, sparse=True)
@@ -93,16 +139,48 @@ class ElectraObjective(nn.Module):
                                       "rtd": float(discriminated.loss.detach())})
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
-        """The discriminator (an ElectraForPreTraining directory) with the generator in ``generator/``."""
-        self.discriminator.save_pretrained(directory, tokenizer=tokenizer)
+        """The discriminator (ElectraForPreTraining; for DeBERTa-v3 a DebertaV2Model with its RTD head, its
+        embeddings E_G + E_delta) with the generator in ``generator/``; DeBERTa's deltas also go to GDES_DELTA,
+        so that a resumed run continues from the very same numbers."""
+        from safetensors.torch import save_file
+
+        tables = self._disentangled_tables()
+        embeddings = self.discriminator.encoder.embeddings
+        try:
+            for name, table in tables.items():
+                setattr(embeddings, name, table.merged())
+            self.discriminator.save_pretrained(directory, tokenizer=tokenizer)
+        finally:
+            for name, table in tables.items():
+                setattr(embeddings, name, table)
+        if tables:
+            save_file({name: table.delta.detach().contiguous() for name, table in tables.items()},
+                      str(Path(directory) / GDES_DELTA))
         self.generator.save_pretrained(Path(directory) / "generator", tokenizer=tokenizer)
         return Path(directory)
 
     def load_checkpoint(self, directory: str | Path) -> None:
+        from safetensors.torch import load_file
+
         from ..checkpoints import load_weights
 
+        tables = self._disentangled_tables()
+        embeddings = self.discriminator.encoder.embeddings
+        for name in tables:  # the checkpoint holds plain tables: load into plain ones, then restore the deltas
+            setattr(embeddings, name, tables[name].merged())
         load_weights(self.discriminator, directory)
         load_weights(self.generator, Path(directory) / "generator")
+        for name, table in tables.items():
+            setattr(embeddings, name, table)
+        if tables:
+            path = Path(directory) / GDES_DELTA
+            if not path.is_file():
+                raise ConfigError(f"{directory} has no {GDES_DELTA}: it is not a DeBERTa-v3 replaced-token "
+                                  "detection checkpoint of encoderkit")
+            deltas = load_file(str(path))
+            with torch.no_grad():
+                for name, table in tables.items():
+                    table.delta.copy_(deltas[name])
         self.tie_embeddings()
 
 

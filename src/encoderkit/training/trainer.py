@@ -319,6 +319,7 @@ class Trainer:
         batches = [self._next_micro_batch() for _ in range(config.grad_accumulation)]
         total_targets = self._all_reduce_sum(sum(count_targets(b) for b in batches))
         loss_sum, tokens, examples = 0.0, 0, 0
+        part_sums: dict[str, float] = {}  # an objective's named losses (ELECTRA/DeBERTa: mlm, rtd), logged beside
         for index, batch in enumerate(batches):
             weight = count_targets(batch) * self.world_size / max(total_targets, 1)
             with self._autocast():
@@ -330,9 +331,12 @@ class Trainer:
             with _maybe_no_sync(self.ddp_model, sync):
                 (loss * weight).backward()
             loss_sum += float(loss.detach()) * weight / self.world_size
+            for name, value in (getattr(output, "parts", None) or {}).items():
+                part_sums[name] = part_sums.get(name, 0.0) + float(value) * weight / self.world_size
             tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
             examples += int(batch["input_ids"].shape[0])
         record: dict[str, Any] = {"step": self.step + 1, "loss": self._all_reduce_sum(loss_sum)}
+        record.update({name: self._all_reduce_sum(value) for name, value in part_sums.items()})
         if config.max_grad_norm:
             record["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm))
         self.optimizer.step()
