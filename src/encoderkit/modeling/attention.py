@@ -199,14 +199,24 @@ class SelfAttention(nn.Module):
         qkv = self.project(x)
         packing = context.packing
         hidden = self.num_heads * self.head_dim
+        # Runs of equal-length sequences in row order (the engine's sorted batches) write their outputs in place.
+        in_place = packing.in_row_order
+        rows = qkv.new_empty(qkv.shape[0], hidden) if in_place else None
         outputs, probs = [], None
         for group in packing.groups:
             grid = group.grid(qkv).view(group.count, group.length, 3, self.num_heads, self.head_dim)
             q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each (count, heads, length, head_dim)
             out, probs = self.attend_grid(q, k, v, group, context)
-            outputs.append(group.ungrid(out.transpose(1, 2).reshape(group.count, group.length, hidden)))
-        context_rows = packing.gather_groups(outputs).to(x.dtype) if outputs else x.new_zeros(0, hidden)
-        return self.output(context_rows), probs
+            out = out.transpose(1, 2)
+            if in_place:
+                size = group.count * group.length
+                rows[group.start:group.start + size].view(group.count, group.length, self.num_heads,
+                                                          self.head_dim).copy_(out)
+            else:
+                outputs.append(group.ungrid(out.reshape(group.count, group.length, hidden)))
+        if not in_place:
+            rows = packing.gather_groups(outputs) if outputs else x.new_zeros(0, hidden)
+        return self.output(rows), probs
 
     def attend_grid(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
                     context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -87,10 +87,15 @@ class AttentionGroup:
     length: int
     key_mask: torch.Tensor | None  # (count, length) bool, True for real tokens; None when none is padding
     bias: torch.Tensor | None  # (count or 1, 1 or heads, length or 1, length) additive mask; None: nothing masked
+    start: int = 0  # with ``gather`` None: the group is rows start .. start + count * length, a view, no copy
 
     def grid(self, rows: torch.Tensor) -> torch.Tensor:
         """(tokens, ...) -> (count, length, ...): the group's sequences, padded."""
-        picked = rows if self.gather is None else rows.index_select(0, self.gather)
+        if self.gather is None:
+            picked = rows if self.start == 0 and rows.shape[0] == self.count * self.length else \
+                rows[self.start:self.start + self.count * self.length]
+        else:
+            picked = rows.index_select(0, self.gather)
         return picked.view(self.count, self.length, *rows.shape[1:])
 
     def ungrid(self, grid: torch.Tensor) -> torch.Tensor:
@@ -126,6 +131,13 @@ class Packing:
         return int(self.positions.shape[0])
 
     @property
+    def in_row_order(self) -> bool:
+        """Every group is a contiguous, unpadded run of rows and the groups come in row order: outputs can be
+        written into place, with no gathering."""
+        return self.restore is None and not self.padded and all(g.gather is None and g.real is None
+                                                                for g in self.groups)
+
+    @property
     def max_length(self) -> int:
         return max((group.length for group in self.groups), default=0)
 
@@ -148,10 +160,10 @@ class Packing:
             key_mask = torch.as_tensor(grid_real, device=device) if padded else None
             real = torch.as_tensor(np.flatnonzero(grid_real), device=device) if padded else None
             flat = rows.reshape(-1)
-            contiguous = not padded and int(flat[0]) == 0 and bool((np.diff(flat) == 1).all()) and len(groups) == 0 \
-                and len(flat) == int(starts[-1])
+            contiguous = not padded and bool((np.diff(flat) == 1).all())  # e.g. a run of equal, sorted lengths
             groups.append(AttentionGroup(None if contiguous else torch.as_tensor(flat, device=device), real,
-                                         len(members), longest, key_mask, padding_bias(key_mask, mask_dtype)))
+                                         len(members), longest, key_mask, padding_bias(key_mask, mask_dtype),
+                                         int(flat[0]) if contiguous else 0))
             placed.append(rows[grid_real])
         order = np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)  # the rows as groups return them
         restore = None
