@@ -51,9 +51,16 @@ class FillMask:
         if top_k <= 0:
             raise InputError(f"top_k must be positive, found {top_k}")
         mask_id, mask_token = self.tokenizer.mask_token_id, self.tokenizer.mask_token
-        batch = self.tokenizer.encode_batch(texts)
+        # Untruncated: truncation could cut the mask off (and then the error would say there is none).
+        batch = self.tokenizer.encode_batch(texts, truncation=False)
+        limit = self.model.config.max_sequence_length
         results = []
         for row, text in enumerate(texts):
+            length = int(batch.attention_mask[row].sum())
+            if length > limit:
+                raise InputError(f"text {row} is {length} tokens long, special tokens included; this "
+                                 f"{self.model.config.model_type} model reads at most {limit} "
+                                 f"(max_position_embeddings): shorten it around its {mask_token}: {text[:80]!r}")
             if mask_id not in batch.input_ids[row].tolist():
                 raise InputError(f"text {row} has no {mask_token} token: {text[:80]!r}")
         output = self.model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
