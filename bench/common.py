@@ -26,16 +26,22 @@ def require(path: Path) -> Path:
 def machine() -> dict[str, Any]:
     from encoderkit.precision import cpu_has_native_bf16
 
-    model = "unknown"
+    model, flags = "unknown", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and model == "unknown":
                 model = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     return {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "native_bf16": cpu_has_native_bf16()}
+            "python": platform.python_version(), "native_bf16": cpu_has_native_bf16(),
+            "cpu_flags": {flag: flag in flags for flag in CPU_FLAGS}}
+
+
+# The CPU features that decide matmul speed here: AVX2/AVX-512 fp32, bf16 units, int8 dot products.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
 
 
 def matmul_peak(dtype: torch.dtype, size: tuple[int, int, int] = (4096, 384, 1536), repeats: int = 20) -> float:
@@ -60,6 +66,20 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def median(values: list[float]) -> float:
     return float(statistics.median(values))
+
+
+def save_loss_plot(figure: Any, axis: Any, path: Path, legend_size: float | None = None) -> Path:
+    """Finish a loss-curve figure (losses above 11 cut off, grid, legend) and save it to ``path``."""
+    import matplotlib.pyplot as plt
+
+    axis.set_ylim(top=min(11, axis.get_ylim()[1]))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=legend_size)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import RESULTS, SHARED, require, write_result
+from common import RESULTS, SHARED, require, save_loss_plot, write_result
 
 SEQ, BATCH, LR, WARMUP = 128, 32, 5e-4, 100
 
@@ -171,14 +171,7 @@ def _plot(rows: list[dict], path: Path) -> Path:
         axis.plot(curve[:, 1] / 60, curve[:, 2], label=row["contender"], linewidth=1)
     axis.set_xlabel("own wall-clock time (minutes)")
     axis.set_ylabel("training MLM loss (mean of 10 steps)")
-    axis.set_ylim(top=min(11, axis.get_ylim()[1]))
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
-    return path
+    return save_loss_plot(figure, axis, path)
 
 
 if __name__ == "__main__":

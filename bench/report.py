@@ -13,8 +13,12 @@ from common import RESULTS, ROOT
 def _machine(result: dict[str, Any]) -> str:
     m = result["machine"]
     bf16 = "native bf16 (AVX512-BF16/AMX)" if m.get("native_bf16") else "no native bf16"
-    return (f"_{result['date']}: {m['cpu']}, {m['threads']} threads, {bf16}, torch {m['torch']}. "
-            f"Command: `python bench/{result['benchmark']}.py`._")
+    flags = m.get("cpu_flags")
+    shown = (" (CPU flags: " + ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in flags.items())
+             + ")") if flags else ""
+    command = result.get("command", f"python bench/{result['benchmark']}.py")
+    return (f"_{result['date']}: {m['cpu']}{shown}, {m['threads']} threads, {bf16}, torch {m['torch']}. "
+            f"Command: `{command}`._")
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -92,6 +96,69 @@ def render_pretrain_run(r: dict[str, Any]) -> list[str]:
             "", f"![loss curve]({r['plot']})", ""]
 
 
+def render_pretrain_families(r: dict[str, Any]) -> list[str]:
+    rows = r["rows"]
+    modern = next(row for row in rows if row["model_type"] == "modernbert")
+    bert = next(row for row in rows if row["model_type"] == "bert")
+    p_modern, p_bert = modern["parameters"], bert["parameters"]
+    lines = ["## Pre-training comparison: modernbert-tiny vs a BERT of equal size (`bench/pretrain_families.py`)", "",
+             _machine(r), "",
+             f"Corpus: `../shared/{r['corpus']}`, which is the WikiText-2 (raw) **test** split, one row per line. "
+             f"Its first {r['train_lines']:,} non-empty lines are the training text ({r['training_sequences']:,} "
+             f"packed sequences of {r['sequence_length']} tokens). The last {r['valid_lines']:,} lines "
+             f"({100 * r['valid_fraction']:.0f}%) are held out as the validation text ({r['validation_sequences']} "
+             "sequences). The loss is therefore measured on part of WikiText-2's test split, with neither model "
+             "having trained on those lines. It is not a held-out WikiText-2 number and compares with no "
+             "published figure.", "",
+             f"Both models use the default model's WordPiece vocabulary ({r['vocab_size']:,} tokens) and have the "
+             f"same batch ({r['batch_size']}), AdamW settings (lr {r['learning_rate']:g}, {r['warmup_steps']} warm-up "
+             f"steps then constant, weight decay {r['weight_decay']:g}, clipping 1.0), data order and precision "
+             f"({r['dtype']}). Each trained for {r['budget_minutes']:g} minutes of its own time, in interleaved "
+             f"turns of {r['chunk']} steps. Parameters are counted as distinct tensors, tied embeddings once. "
+             f"modernbert-tiny has {p_modern['base']:,} without the MLM head and {p_modern['masked_lm']:,} with it. "
+             f"The BERT has {p_bert['base']:,} (pooler included) and {p_bert['masked_lm']:,}, a gap of "
+             f"{100 * r['parameter_gap']:.2f}% with the heads. Of each count, {p_modern['embedding']:,} are the "
+             "token embeddings.", "",
+             "Each family trains at its own masking rate, ModernBERT at 30% and BERT at 15%. That rate is part of "
+             "each recipe, so the ModernBERT run gets about twice as many prediction targets per step. Both are "
+             "scored on the **same validation sequences with the same fixed masks**: at 15% (the comparable "
+             "number) and also at 30%. Every evaluation runs in fp32, and its time is not counted in the budget.",
+             ""]
+    table = []
+    for row in rows:
+        table.append([row["contender"],
+                      row["shape"],
+                      f"{row['parameters']['masked_lm']:,}", f"{100 * row['train_mask_rate']:.0f}%",
+                      f"{row['steps']:,}", f"{row['tokens_seen']:,} ({row['epochs']:.1f} epochs)",
+                      f"{row['tokens_per_second']:,.0f}",
+                      f"**{row['valid_loss_15']:.3f}**", f"{100 * row['valid_accuracy_15']:.1f}%",
+                      f"{row['valid_loss_30']:.3f}", f"{100 * row['valid_accuracy_30']:.1f}%",
+                      f"{row['best_valid_loss_15']:.3f} (step {row['best_at_step']:,}, "
+                      f"{row['best_at_seconds'] / 60:.1f} min)"])
+    lines += _table(["model", "shape", "parameters (with MLM head)", "trained at", "steps", "tokens seen",
+                     "tokens/s", "valid MLM loss, 15% masks", "masked-token accuracy, 15%", "valid MLM loss, 30% masks",
+                     "masked-token accuracy, 30%", "lowest valid loss at 15% (when)"], table)
+    lower, higher = sorted((modern, bert), key=lambda row: row["valid_loss_15"])
+    def trend(row: dict[str, Any]) -> str:  # the last evaluation against the one at three quarters of the budget
+        points = row["evaluations"]
+        earlier = min(points, key=lambda p: abs(p["seconds"] - 0.75 * points[-1]["seconds"]))
+        change = points[-1]["loss_15"] - earlier["loss_15"]
+        return (f"{row['contender']} {'fell' if change < 0 else 'rose'} by {abs(change):.3f} over the last quarter "
+                "of its time")
+    lines += ["", f"At the end of the budget, {lower['contender']} has the lower validation loss on the 15% masks: "
+              f"{lower['valid_loss_15']:.3f} against {higher['valid_loss_15']:.3f}, a gap of "
+              f"{higher['valid_loss_15'] - lower['valid_loss_15']:.3f} nats. On the 30% masks the losses are "
+              f"{modern['valid_loss_30']:.3f} (modernbert-tiny) and {bert['valid_loss_30']:.3f} (BERT). "
+              f"In the same time, modernbert-tiny took {modern['steps']:,} steps and the BERT took {bert['steps']:,}. "
+              + f"The validation loss (15% masks) of {trend(modern)}, and that of {trend(bert)}. "
+              f"Both models saw the training text many times ({modern['epochs']:.0f} and {bert['epochs']:.0f} "
+              "epochs). These numbers come from one seed and one short run on a small corpus, with each family's own "
+              "dropout (ModernBERT none, BERT 0.1). They show how these two models compare on this machine and "
+              "this budget, not which architecture is better in general. No threshold applies.", "",
+              f"![validation loss per wall-clock]({r['plot']})", ""]
+    return lines
+
+
 def render_attention_heads(r: dict[str, Any]) -> list[str]:
     s, a = r["statistics"], r["antecedents"]
     lines = ["## Attention heads of all-MiniLM-L6-v2 (`bench/attention_heads.py`)", "", _machine(r), "",
@@ -128,7 +195,8 @@ def render_attention_heads(r: dict[str, Any]) -> list[str]:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "encode": render_encode, "search": render_search, "pretrain": render_pretrain,
-    "pretrain_run": render_pretrain_run, "attention_heads": render_attention_heads}
+    "pretrain_run": render_pretrain_run, "pretrain_families": render_pretrain_families,
+    "attention_heads": render_attention_heads}
 
 
 def _script_renderer(name: str) -> Callable[[dict[str, Any]], list[str]] | None:
