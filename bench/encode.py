@@ -71,18 +71,32 @@ def encoderkit_compiled(model_dir, sentences):
 
 
 def int8_embedder(model_dir):
-    """The fast path with its linear layers replaced by PyTorch dynamic int8 quantised ones."""
+    """The engine's model with its linear layers replaced by PyTorch dynamic int8 quantised ones: query, key and
+    value as one fused projection (as the fp32 path runs them), the attention output and both feed-forward ones."""
     from encoderkit import Embedder
 
-    embedder = Embedder.from_pretrained(model_dir)
-    for layer in embedder.fast.layers:
-        for name in ("qkv", "out", "ffn_in", "ffn_out"):
-            packed = getattr(layer, name)
-            linear = torch.nn.Linear(packed.weight.shape[1], packed.weight.shape[0])
-            linear.weight.data, linear.bias.data = packed.weight.float().clone(), packed.bias.float().clone()
-            quantised = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
-                                                               dtype=torch.qint8)
-            setattr(layer, name, quantised[0])
+    embedder = Embedder.from_pretrained(model_dir)  # fp32; its engine has made the linears PackedLinear
+
+    def quantised(*linears: torch.nn.Linear) -> torch.nn.Module:
+        """One dynamic-int8 linear computing ``linears`` side by side (outputs concatenated)."""
+        has_bias = linears[0].bias is not None
+        linear = torch.nn.Linear(linears[0].in_features, sum(x.out_features for x in linears), bias=has_bias)
+        with torch.no_grad():
+            linear.weight.copy_(torch.cat([x.weight.float() for x in linears]))
+            if has_bias:
+                linear.bias.copy_(torch.cat([x.bias.float() for x in linears]))
+        return torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
+                                                      dtype=torch.qint8)[0]
+
+    for layer in embedder.model.layers:
+        attention = layer.attention
+        if hasattr(attention, "qkv"):
+            attention.qkv = quantised(attention.qkv)
+        else:  # SelfAttention.project runs fused_projection when set (not a submodule: set around nn.Module)
+            object.__setattr__(attention, "fused_projection", quantised(attention.query, attention.key,
+                                                                        attention.value))
+        attention.output = quantised(attention.output)
+        layer.ffn_in, layer.ffn_out = quantised(layer.ffn_in), quantised(layer.ffn_out)
     return embedder
 
 

@@ -193,10 +193,26 @@ def render_attention_heads(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_refactor_speed(r: dict[str, Any]) -> list[str]:
+    flags = ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in r["cpu_flags"].items())
+    before, after = r["before"]["revision"], r["after"]["revision"]
+    lines = ["## Embedding speed before and after a refactor (`bench/refactor_speed.py`)", "", _machine(r), "",
+             f"`Embedder.from_pretrained().encode()` on the {r['texts']:,} texts of `../shared/bench/sentences.txt`, "
+             f"before (`{before}`) and after (`{after}`), each version in its own worker process, timed in "
+             f"{r['repeats']} interleaved ABBA repeats (before, after, after, before). texts/s: median over the "
+             "repeats; after/before: the speed ratio of each repeat (> 1: after is faster), median and each. "
+             f"CPU flags: {flags}.", ""]
+    rows = [[row["dtype"], f"{row['before_texts_per_second']:,.0f}", f"{row['after_texts_per_second']:,.0f}",
+             f"**{row['median_ratio']:.3f}x**", " ".join(f"{x:.3f}" for x in row["ratios_after_over_before"]),
+             f"{row['max_abs_diff']:.1e}"] for row in r["rows"]]
+    return lines + _table(["dtype", "before texts/s", "after texts/s", "after/before (median)", "per repeat",
+                           "max abs diff of the vectors"], rows) + [""]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "encode": render_encode, "search": render_search, "pretrain": render_pretrain,
     "pretrain_run": render_pretrain_run, "pretrain_families": render_pretrain_families,
-    "attention_heads": render_attention_heads}
+    "attention_heads": render_attention_heads, "refactor_speed": render_refactor_speed}
 
 
 def _script_renderer(name: str) -> Callable[[dict[str, Any]], list[str]] | None:

@@ -1,0 +1,234 @@
+"""Embedding speed before and after a refactor, measured in the same run.
+
+``Embedder.from_pretrained().encode(sentences)`` (the default model, all-MiniLM-L6-v2) on the 2,000 texts of
+../shared/bench/sentences.txt, in fp32 and bf16, 2 threads, for two versions of the package: BEFORE (by default
+commit 8ef4bb8, the last with ``modeling.fast.FastEncoder``, checked out by this script into a temporary
+``git worktree`` that it removes afterwards) and AFTER (this checkout's src/).
+
+Two versions of a package cannot live in one process, so each runs in its own long-lived worker subprocess
+(PYTHONPATH=<its src>) that loads the models once, warms up, and then times one full encode per request. The
+parent interleaves the requests ABBA (before, after, after, before) in every repeat, so a drift in machine speed
+hits both alike. Reported: texts/s (median), the per-repeat speed ratio after/before (> 1: after is faster) and
+its median, and the max |difference| between the two versions' vectors.
+
+The machine is shared: run it alone, e.g. ``flock /tmp/bench.lock python bench/refactor_speed.py``.
+
+    python bench/refactor_speed.py [--repeats 5] [--before-rev 8ef4bb8 | --before-src DIR] [--after-src DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
+DTYPES = ("fp32", "bf16")
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker: one version of the package, its models loaded once
+# ---------------------------------------------------------------------------------------------
+def worker(args: argparse.Namespace) -> None:
+    """Replies on the original stdout, one JSON line per request; everything else goes to stderr."""
+    import gc
+    import logging
+    import time
+
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import encoderkit
+    from encoderkit import Embedder
+
+    sentences = Path(args.sentences).read_text(encoding="utf-8").splitlines()
+    embedders = {dtype: Embedder.from_pretrained(dtype=dtype) for dtype in args.dtypes}
+    info: dict[str, Any] = {"encoderkit": str(Path(encoderkit.__file__).resolve().parent), "dtypes": {}}
+    for dtype, embedder in embedders.items():
+        vectors = embedder.encode(sentences)  # warm-up; also the vectors compared between versions
+        logging.getLogger("encoderkit").setLevel(logging.ERROR)  # the truncation warning: once is enough
+        for _ in range(args.warmup - 1):
+            embedder.encode(sentences)
+        path = Path(args.vectors) / f"{dtype}.npy"
+        np.save(path, vectors)
+        info["dtypes"][dtype] = {"vectors": str(path), "token_budget": int(embedder.token_budget),
+                                 "compute_dtype": str(embedder.dtype)}
+    reply.write(json.dumps(info) + "\n")
+    for line in sys.stdin:
+        request = line.strip()
+        if request == "quit":
+            break
+        gc.collect()
+        start = time.perf_counter()
+        embedders[request].encode(sentences)
+        reply.write(json.dumps({"seconds": time.perf_counter() - start}) + "\n")
+
+
+class Worker:
+    def __init__(self, label: str, src: Path, args: argparse.Namespace, sentences: Path, vectors: Path) -> None:
+        vectors.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(args.threads),
+               "MKL_NUM_THREADS": str(args.threads)}
+        self.label, self.src = label, src
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", "--sentences", str(sentences), "--vectors", str(vectors),
+             "--threads", str(args.threads), "--warmup", str(args.warmup), "--dtypes", *args.dtypes],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.info = self._read()
+        if Path(self.info["encoderkit"]) != (src / "encoderkit").resolve():
+            sys.exit(f"{label}: the worker imported {self.info['encoderkit']}, not {src / 'encoderkit'}")
+
+    def _read(self) -> dict[str, Any]:
+        line = self.process.stdout.readline()
+        if not line:
+            sys.exit(f"the {self.label} worker ({self.src}) stopped (exit {self.process.wait()}); see its stderr above")
+        return json.loads(line)
+
+    def time(self, dtype: str) -> float:
+        self.process.stdin.write(dtype + "\n")
+        return float(self._read()["seconds"])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            self.process.wait(timeout=60)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent
+# ---------------------------------------------------------------------------------------------
+def git(*args: str) -> str:
+    from common import ROOT
+
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def source_revision(src: Path) -> str:
+    """The commit a src/ directory is checked out at (with ``+dirty`` if it has uncommitted changes)."""
+    def run(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = run("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+dirty" if run("status", "--porcelain", "--", ".") else "")
+
+
+@contextlib.contextmanager
+def before_source(args: argparse.Namespace) -> Iterator[Path]:
+    """``--before-src``, or the src/ of a temporary detached worktree of ``--before-rev``, removed afterwards."""
+    if args.before_src:
+        yield Path(args.before_src).resolve()
+        return
+    tree = Path(tempfile.mkdtemp(prefix="encoderkit-before-")) / "tree"
+    git("worktree", "add", "--detach", str(tree), args.before_rev)
+    try:
+        yield tree / "src"
+    finally:
+        git("worktree", "remove", "--force", str(tree))
+        tree.parent.rmdir()
+
+
+def cpu_flags() -> dict[str, bool]:
+    present: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                present = set(line.split(":", 1)[1].split())
+                break
+    return {flag: flag in present for flag in FLAGS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="ABBA rounds per dtype (default 5)")
+    parser.add_argument("--before-rev", default="8ef4bb8", help="the commit measured as BEFORE (default 8ef4bb8)")
+    parser.add_argument("--before-src", help="an existing src/ directory to measure as BEFORE instead of --before-rev")
+    parser.add_argument("--after-src", help="the src/ directory measured as AFTER (default: this checkout's)")
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed encodes per model before timing")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sentences", help=argparse.SUPPRESS)
+    parser.add_argument("--vectors", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    import numpy as np
+    import torch
+
+    from common import ROOT, SHARED, median, require, write_result
+
+    torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
+    sentences = require(SHARED / "bench" / "sentences.txt")
+    texts = len(sentences.read_text(encoding="utf-8").splitlines())
+    after_src = Path(args.after_src).resolve() if args.after_src else ROOT / "src"
+    sys.path.insert(0, str(after_src))  # the package write_result asks about the machine
+    times: dict[str, dict[str, list[float]]] = {d: {"before": [], "after": []} for d in args.dtypes}
+    ratios: dict[str, list[float]] = {d: [] for d in args.dtypes}
+    with before_source(args) as before_src, tempfile.TemporaryDirectory(prefix="refactor-speed-") as scratch:
+        sources = {"before": before_src, "after": after_src}
+        revisions = {label: source_revision(src) for label, src in sources.items()}
+        workers: dict[str, Worker] = {}
+        try:
+            for label, src in sources.items():
+                print(f"{label}: {src} ({revisions[label]}) loading and warming up ...", flush=True)
+                workers[label] = Worker(label, src, args, sentences, Path(scratch) / label)
+            for repeat in range(args.repeats):
+                for dtype in args.dtypes:
+                    seconds = {"before": [], "after": []}
+                    for label in ("before", "after", "after", "before"):
+                        seconds[label].append(workers[label].time(dtype))
+                    for label, values in seconds.items():
+                        times[dtype][label] += values
+                    ratios[dtype].append(sum(seconds["before"]) / sum(seconds["after"]))
+                    print(f"repeat {repeat + 1} {dtype}: before " + ", ".join(f"{s:.2f}s" for s in seconds["before"])
+                          + "; after " + ", ".join(f"{s:.2f}s" for s in seconds["after"])
+                          + f"; speed after/before {ratios[dtype][-1]:.3f}", flush=True)
+        finally:
+            for w in workers.values():
+                w.close()
+        vectors = {label: {d: np.load(w.info["dtypes"][d]["vectors"]) for d in args.dtypes}
+                   for label, w in workers.items()}
+    rows = []
+    for dtype in args.dtypes:
+        before_info, after_info = (workers[label].info["dtypes"][dtype] for label in ("before", "after"))
+        rows.append({
+            "dtype": dtype,
+            "before_texts_per_second": texts / median(times[dtype]["before"]),
+            "after_texts_per_second": texts / median(times[dtype]["after"]),
+            "before_seconds": times[dtype]["before"], "after_seconds": times[dtype]["after"],
+            "ratios_after_over_before": ratios[dtype], "median_ratio": median(ratios[dtype]),
+            "max_abs_diff": float(np.abs(vectors["before"][dtype] - vectors["after"][dtype]).max()),
+            "before_token_budget": before_info["token_budget"], "after_token_budget": after_info["token_budget"],
+        })
+    flags = cpu_flags()
+    print(f"\n{texts} texts, {args.threads} threads; before {revisions['before']}, after {revisions['after']}")
+    print("CPU flags: " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in flags.items()))
+    print(f"{'dtype':5s} {'before t/s':>10s} {'after t/s':>10s} {'after/before':>12s} {'per repeat':>32s} "
+          f"{'max|diff|':>9s}")
+    for row in rows:
+        print(f"{row['dtype']:5s} {row['before_texts_per_second']:10.0f} {row['after_texts_per_second']:10.0f} "
+              f"{row['median_ratio']:11.3f}x {' '.join(f'{r:.3f}' for r in row['ratios_after_over_before']):>32s} "
+              f"{row['max_abs_diff']:9.1e}")
+    write_result("refactor_speed", {
+        "texts": texts, "repeats": args.repeats, "order": "ABBA (before, after, after, before) per repeat and dtype",
+        "before": {"revision": revisions["before"], "rev_argument": None if args.before_src else args.before_rev},
+        "after": {"revision": revisions["after"]}, "cpu_flags": flags, "rows": rows,
+    })
+
+
+if __name__ == "__main__":
+    main()
