@@ -54,26 +54,26 @@ class RotaryTables(nn.Module):
         self._tables: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get(self, kind: str, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(length, head_dim) fp32 cos and sin for positions 0..length-1."""
+        """(length, head_dim / 2) fp32 cos and sin for positions 0..length-1 (each frequency once)."""
         key = (kind, device)
         cached = self._tables.get(key)
         if cached is None or cached[0].shape[0] < length:
             size = max(length, 2 * cached[0].shape[0] if cached is not None else 512)
             inv_freq = 1.0 / (self.thetas[kind] ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                                  device=device) / self.head_dim))
-            freqs = torch.arange(size, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
-            angles = torch.cat([freqs, freqs], dim=-1)
+            angles = torch.arange(size, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
             cached = (angles.cos(), angles.sin())
             self._tables[key] = cached
         return cached[0][:length], cached[1][:length]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of (..., length, head_dim) by the halves convention, computed in fp32."""
+    """Rotary embedding of (..., length, head_dim) by the halves convention (the first half of the dimensions
+    pairs with the second), computed in fp32; ``cos``/``sin``: (length, head_dim / 2)."""
     half = x.shape[-1] // 2
     x32 = x.float()
-    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    first, second = x32[..., :half], x32[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1).to(x.dtype)
 
 
 def relative_positions(length: int, buckets: int, max_position: int, device: torch.device) -> torch.Tensor:
@@ -124,26 +124,32 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask:
     """Attention of (count, heads, length, d) grids where a query sees keys within ``half`` positions.
 
     Queries are cut into blocks of ``2 * half``; each block attends to its keys and ``half`` more on each
-    side, so memory is O(length * window) instead of O(length^2)."""
+    side, so memory is O(length * window) instead of O(length^2). The blocks go into SDPA's batch dimension
+    (4-D inputs), where torch runs its fused kernel rather than the reference path."""
     count, heads, length, dim = q.shape
     block = 2 * half
     blocks = -(-length // block)
     padded = blocks * block
     span = block + 2 * half
-    q = F.pad(q, (0, 0, 0, padded - length)).view(count, heads, blocks, block, dim)
 
-    def windows(x: torch.Tensor) -> torch.Tensor:  # (count, heads, blocks, span, d)
+    def by_block(x: torch.Tensor, size: int) -> torch.Tensor:  # (count, heads, blocks, size, d) -> 4-D
+        return x.permute(0, 2, 1, 3, 4).reshape(count * blocks, heads, size, dim)
+
+    q = by_block(F.pad(q, (0, 0, 0, padded - length)).view(count, heads, blocks, block, dim), block)
+
+    def windows(x: torch.Tensor) -> torch.Tensor:  # (count * blocks, heads, span, d)
         x = F.pad(x, (0, 0, half, padded - length + half))
-        return x.unfold(2, span, block).transpose(-1, -2)
+        return by_block(x.unfold(2, span, block).transpose(-1, -2), span)
 
     real = torch.ones(count, length, dtype=torch.bool, device=q.device) if key_mask is None else key_mask
     real = F.pad(real, (half, padded - length + half)).unfold(1, span, block)  # (count, blocks, span)
     band = torch.arange(block, device=q.device)[:, None] - torch.arange(span, device=q.device)[None, :] + half
     allowed = (band.abs() <= half)[None, None] & real[:, :, None, :]  # (count, blocks, block, span)
     bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
-    out = F.scaled_dot_product_attention(q, windows(k), windows(v), attn_mask=bias[:, None], dropout_p=dropout_p,
-                                         scale=scale)
-    return out.reshape(count, heads, padded, dim)[:, :, :length]
+    bias = bias.view(count * blocks, 1, block, span)
+    out = F.scaled_dot_product_attention(q, windows(k), windows(v), attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    out = out.view(count, blocks, heads, block, dim).permute(0, 2, 1, 3, 4).reshape(count, heads, padded, dim)
+    return out[:, :, :length]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -146,8 +146,19 @@ class Packing:
     def from_lengths(cls, lengths: np.ndarray | list[int], *, overhead: float | None = None,
                      device: torch.device | str | None = None, mask_dtype: torch.dtype = torch.float32) -> "Packing":
         """Sequences packed back to back in the given order (no padded grid anywhere)."""
-        lengths = np.asarray(lengths, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        total = int(starts[-1])
+        positions = np.arange(total) - np.repeat(starts[:-1], lengths)
+        as_tensor = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
+        tables = (as_tensor(lengths), as_tensor(starts), as_tensor(positions),
+                  as_tensor(np.repeat(np.arange(len(lengths)), lengths)))
+        if overhead == 0 and len(lengths) and lengths.min() > 0 and bool((np.diff(lengths) <= 0).all()):
+            # The engine's case: sorted longest first, one group per run of equal lengths, each a view of rows.
+            cuts = np.concatenate([[0], np.flatnonzero(np.diff(lengths)) + 1, [len(lengths)]])
+            groups = [AttentionGroup(None, None, int(end - begin), int(lengths[begin]), None, None, int(starts[begin]))
+                      for begin, end in zip(cuts[:-1], cuts[1:])]
+            return cls(*tables, groups, None)
         groups, placed = [], []
         nonempty = np.flatnonzero(lengths)  # an all-padding row has no token to attend with
         for members in (nonempty[group] for group in length_groups(lengths[nonempty], overhead)):
@@ -171,11 +182,7 @@ class Packing:
             restore = np.empty_like(order)
             restore[order] = np.arange(len(order))
             restore = torch.as_tensor(restore, device=device)
-        total = int(starts[-1])
-        positions = np.arange(total) - np.repeat(starts[:-1], lengths)
-        as_tensor = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
-        return cls(as_tensor(lengths), as_tensor(starts), as_tensor(positions),
-                   as_tensor(np.repeat(np.arange(len(lengths)), lengths)), groups, restore)
+        return cls(*tables, groups, restore)
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, dtype: torch.dtype, overhead: float | None = None) -> "Packing":
