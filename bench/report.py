@@ -209,10 +209,48 @@ def render_refactor_speed(r: dict[str, Any]) -> list[str]:
                            "max abs diff of the vectors"], rows) + [""]
 
 
+def render_long_context(r: dict[str, Any]) -> list[str]:
+    flags = ", ".join(f"{name} {'yes' if present else 'no'}" for name, present in r["cpu_flags"].items())
+    shape = r["shape"]
+    lines = ["## Long context: ModernBERT-base shape, 512 to 8,192 tokens (`bench/long_context.py`)", "", _machine(r), "",
+             f"CPU flags: {flags}; torch threads: {r['threads']}. A random ModernBERT-base-shaped model "
+             f"({shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, {shape['num_attention_heads']} heads, "
+             f"GeGLU {shape['intermediate_size']}, global attention every {shape['global_attn_every_n_layers']}rd layer, "
+             f"local window {shape['local_attention']}) saved once by transformers and loaded by both; one sequence of "
+             "random ids per forward (batch of one, no padding). Each (contender, length) runs in a fresh subprocess, "
+             f"{r['order'].split(': ', 1)[1].split(' (')[0]}; per subprocess one untimed warm-up forward, then "
+             f"{', '.join(f'{n} at {int(k):,}' for k, n in r['repeats_per_subprocess'].items())} timed forwards; time "
+             "per forward: the median over both subprocesses. Peak RSS: `getrusage(RUSAGE_SELF).ru_maxrss` of the "
+             "subprocess, its high-water mark reset once the model is loaded and has run one 16-token forward (so "
+             "transformers' memory-mapped weights are paged in and encoderkit's pre-packed weight copies exist: both in "
+             "\"loaded\"); the increase is that peak minus the RSS of the loaded model. Final states agree to "
+             f"{r['max_abs_diff_at_512']:.1e} (max abs diff) at 512 tokens before timing.", ""]
+    rows = []
+    for row in r["rows"]:
+        speed = row.get("speedup_vs_transformers")
+        memory = row.get("memory_ratio_vs_transformers")
+        rows.append([f"{row['length']:,}", row["label"], f"{row['seconds_per_forward']:.2f}",
+                     f"{row['tokens_per_second']:,.0f}", "" if speed is None else f"**{speed:.2f}x**",
+                     f"{row['rss_after_load_mib']:,.0f}", f"{row['peak_rss_mib']:,.0f}",
+                     f"{row['peak_increase_mib']:,.0f}", "" if memory is None else f"{memory:.2f}",
+                     f"{row['max_abs_diff_vs_transformers']:.1e}"])
+    lines += _table(["tokens", "contender", "s / forward", "tokens/s", "speed vs transformers", "loaded RSS MiB",
+                     "peak RSS MiB", "peak increase MiB", "increase / transformers'", "max abs diff"], rows)
+    loaded = {row["contender"]: row["rss_after_load_mib"] for row in r["rows"]}
+    if {"encoderkit", "transformers"} <= set(loaded):
+        lines += ["", f"encoderkit's loaded RSS is {loaded['encoderkit'] - loaded['transformers']:,.0f} MiB above "
+                      "transformers': the engine keeps a oneDNN pre-packed copy of every linear weight beside the "
+                      "parameters, which the absolute peaks include and the increases do not."]
+    lines += ["", "Goals of issue 19:", ""]
+    lines += [f"- {goal['goal']}: {goal['value']}, **{'met' if goal['met'] else 'not met'}**" for goal in r["goals"]]
+    return lines + ["", f"![time and peak memory against length]({r['plot']})", ""]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "encode": render_encode, "search": render_search, "pretrain": render_pretrain,
     "pretrain_run": render_pretrain_run, "pretrain_families": render_pretrain_families,
-    "attention_heads": render_attention_heads, "refactor_speed": render_refactor_speed}
+    "attention_heads": render_attention_heads, "refactor_speed": render_refactor_speed,
+    "long_context": render_long_context}
 
 
 def _script_renderer(name: str) -> Callable[[dict[str, Any]], list[str]] | None:
