@@ -359,3 +359,38 @@ def test_cli_scan_provenance_exit_code_without_out(tiny, tmp_path) -> None:
     assert verdict in ("suspicious", "unsafe") and "model.safetensors" in reason
     assert verdict == check_provenance(tiny).verdict
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no report files without --out
+
+
+def _modern_family_dir(family: str, directory: Path) -> Path:
+    """A small random ModernBERT or DeBERTa-v3 classifier saved by transformers."""
+    transformers = pytest.importorskip("transformers")
+    if family == "modernbert":
+        config = transformers.ModernBertConfig(
+            vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+            global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            cls_token_id=1, sep_token_id=2, num_labels=2)
+        model = transformers.ModernBertForSequenceClassification(config)
+    else:
+        config = transformers.DebertaV2Config(
+            vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+            relative_attention=True, pos_att_type="p2c|c2p", position_buckets=8, norm_rel_ebd="layer_norm",
+            share_att_key=True, position_biased_input=False, type_vocab_size=0, num_labels=2)
+        model = transformers.DebertaV2ForSequenceClassification(config)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("family", ["modernbert", "deberta-v2"])
+def test_modern_families_verify_and_their_config_is_checked(family: str, tmp_path) -> None:
+    """The config-vs-weights checks know each family's tensors (ModernBERT: fused Wqkv, GeGLU's double-width
+    input projection, no position table): a clean model is trusted; a config that lies about its shape is not."""
+    directory = _modern_family_dir(family, tmp_path / family)
+    report = check_provenance(directory)
+    assert report.verdict == "trusted", report.reasons
+    assert all(row["ok"] for row in report.config_checks) and len(report.config_checks) >= 6
+    config = json.loads((directory / "config.json").read_text())
+    config["intermediate_size"] = 64
+    (directory / "config.json").write_text(json.dumps(config))
+    report = check_provenance(directory)
+    failing = {row["check"] for row in report.config_checks if not row["ok"]}
+    assert report.verdict == "suspicious" and any(check.startswith("intermediate size") for check in failing)

@@ -101,3 +101,26 @@ def test_writer_errors(tmp_path, saved_minilm) -> None:
         write_sentence_transformer(directory, pooling="lasttoken", normalize=False, max_seq_length=8, dimension=4)
     with pytest.raises(InputError, match="max_seq_length must be a positive integer"):
         write_sentence_transformer(directory, pooling="mean", normalize=False, max_seq_length=0, dimension=4)
+
+
+def test_sentence_transformers_directory_of_a_modernbert_loads_as_an_embedder(tmp_path, minilm_dir) -> None:
+    """A sentence-transformers directory whose transformer is ModernBERT (mean pooling, normalised) embeds in
+    encoderkit as in sentence-transformers."""
+    transformers = pytest.importorskip("transformers")
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+        global_attn_every_n_layers=3, local_attention=8, pad_token_id=0, bos_token_id=101, eos_token_id=102,
+        cls_token_id=101, sep_token_id=102)
+    transformers.ModernBertModel(config).save_pretrained(tmp_path)
+    Tokenizer.from_pretrained(minilm_dir).save(tmp_path)
+    write_sentence_transformer(tmp_path, pooling="mean", normalize=True, max_seq_length=64, dimension=32)
+    texts = ["A man is playing a guitar.", "Encoders read in both directions, so every token sees the whole "
+             "sentence and its neighbours beyond a local window of eight tokens.", "short"]
+    embedder = Embedder.from_pretrained(tmp_path)
+    assert embedder.model.config.model_type == "modernbert" and embedder.pooling == "mean" and embedder.normalize
+    want = sentence_transformers.SentenceTransformer(str(tmp_path), device="cpu").encode(texts)
+    assert np.abs(embedder.encode(texts) - want).max() <= 1e-5

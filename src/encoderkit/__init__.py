@@ -1,5 +1,5 @@
 """encoderkit: encoder-only transformers (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA) in plain PyTorch."""
-from .checkpoints import load_model, save_model
+from .modeling.models import load_model, save_model
 from .config import FAMILIES, PRESETS, EncoderConfig, load_config, preset
 from .errors import CheckpointError, ConfigError, DataError, EncoderkitError, InputError, TokenizerError
 from .hub import default_model_path, resolve_model
@@ -16,7 +16,7 @@ from .modeling import (
 from .tasks.classify import ClassPrediction, Classifier
 from .tasks.embed import Embedder
 from .tasks.ner import Entity, EntityRecognizer
-from .tasks.pipeline import load_pipeline
+from .tasks.loading import load_pipeline
 from .tasks.qa import Answer, QuestionAnswerer
 from .training.finetune import FinetuneResult, Recipe, evaluate_model, finetune
 from .tokenizer import BatchEncoding, Encoded, Tokenizer, train_tokenizer

@@ -20,17 +20,10 @@ import torch
 from torch import nn
 
 from .config import EncoderConfig
-from .errors import CheckpointError, ConfigError
-from .families import FAMILIES, Rule
-from .modeling.models import build_model, hf_architecture, task_from_architectures
+from .errors import CheckpointError
+from .families import Rule
 
 log = logging.getLogger(__name__)
-
-# The tensor-name rules live in each family's file (``encoderkit.families``); these views keep their old names.
-BASE_RULES: dict[str, list[Rule]] = {name: list(family.base_rules) for name, family in FAMILIES.items()}
-HEAD_RULES: dict[str, dict[str, list[Rule]]] = {
-    name: {head: list(rules) for head, rules in family.head_rules.items()} for name, family in FAMILIES.items()}
-
 
 def _pattern(name: str) -> re.Pattern[str]:
     regex = re.escape(name)
@@ -85,6 +78,12 @@ class _Mapper:
                 keys.add(theirs)
                 keys.update({theirs + ".weight", theirs + ".bias"})
         return keys
+
+
+def transformers_name(config: EncoderConfig, name: str, *, task_model: bool = False) -> str | None:
+    """transformers' name of one of our tensors (``layers.0.ffn_in.weight`` -> ``encoder.layer.0.intermediate.
+    dense.weight`` for BERT); ``task_model``: our name carries "encoder." and theirs the family prefix."""
+    return _Mapper(config, task_model).our_to_hf(name)
 
 
 def _alternative_heads(config: EncoderConfig, state: dict[str, torch.Tensor] | None) -> tuple[str, ...]:
@@ -233,42 +232,6 @@ def _names(items: list[str], limit: int = 8) -> str:
     return f"[{shown}{f', ... {len(items) - limit} more' if len(items) > limit else ''}]"
 
 
-def load_model(
-    path: str | Path | None = None,
-    task: str | None = None,
-    *,
-    dtype: torch.dtype | None = None,
-    allow_pickle: bool = False,
-    labels: list[str] | None = None,
-    config: EncoderConfig | None = None,
-    new_head_expected: bool = False,
-) -> nn.Module:
-    """Load an HF-format model directory (or a sentence-transformers one) into encoderkit's model code.
-
-    ``task`` picks the head ("base", "masked-lm", "sequence-classification", ...); None reads it from
-    config.json's ``architectures``. ``labels`` sets the label names of a new classification head.
-    ``new_head_expected`` (fine-tuning): a head missing from the checkpoint is noted at INFO, not warned about.
-    """
-    from .hub import resolve_model
-
-    resolved = resolve_model(path)
-    if config is None:
-        config = EncoderConfig.from_json_file(resolved.weights_dir / "config.json")
-    if labels is not None:
-        config = config.with_labels(labels)
-    if task is None:
-        task = task_from_architectures(config)
-    model = build_model(config, task)
-    state = read_state_dict(resolved.weights_dir, allow_pickle=allow_pickle)
-    load_state(model, state, source=str(resolved.weights_dir), new_head_expected=new_head_expected)
-    load_extra_state(model, resolved.weights_dir, new_head_expected)
-    if dtype is not None:
-        model = model.to(dtype)
-    model.eval()
-    model.source = resolved  # type: ignore[attr-defined]
-    return model
-
-
 EXTRA_WEIGHTS = "encoderkit_extra.safetensors"
 
 
@@ -300,30 +263,19 @@ def load_extra_state(model: nn.Module, directory: Path, new_head_expected: bool 
     model.load_state_dict(state, strict=False)
 
 
-def load_weights(model: nn.Module, directory: str | Path) -> None:
-    """Load a saved directory's weights (transformers-named and extra) into an existing model."""
-    directory = Path(directory)
-    load_state(model, read_state_dict(directory), source=str(directory))
-    load_extra_state(model, directory)
-
-
-def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None) -> Path:
+def write_checkpoint(model: nn.Module, directory: str | Path, *, architecture: str, as_base: bool,
+                     tokenizer: Any = None) -> Path:
     """Write config.json + model.safetensors (transformers' names), and the tokenizer when given.
 
-    Tensors transformers has no counterpart for (a CRF, multi-task heads) go to encoderkit_extra.safetensors.
-    """
+    ``as_base``: the tensors go under the base model's names (a bare encoder, or a task model that transformers
+    sees as its encoder, such as a multi-task model). Tensors transformers has no counterpart for (a CRF,
+    multi-task heads) go to encoderkit_extra.safetensors."""
     from safetensors.torch import save_file
 
-    from .modeling.models import HF_SUFFIX, Encoder
-
     config: EncoderConfig = model.config  # type: ignore[assignment]
-    task = getattr(model, "task", None)
-    if task is None:
-        raise ConfigError(f"cannot save a {type(model).__name__}: not an encoderkit model")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    # A task model that transformers sees as the bare encoder (multi-task) is saved under base-model names.
-    as_base = isinstance(model, Encoder) or HF_SUFFIX[task] == "Model"
+    is_task_model = hasattr(model, "encoder")
     mapper = _Mapper(config, task_model=not as_base, alternative_heads=_alternative_heads(config, None))
     prefixes = tuple(getattr(model, "extra_prefixes", ()))
     tensors: dict[str, torch.Tensor] = {}
@@ -334,14 +286,13 @@ def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None
         if prefixes and name.startswith(prefixes):
             extra[name] = tensor.detach().to("cpu").contiguous()
             continue
-        if as_base and not isinstance(model, Encoder):
+        if as_base and is_task_model:
             name = name.removeprefix("encoder.")
         hf_name = mapper.our_to_hf(name)
         if hf_name is None:
             raise CheckpointError(f"internal: no transformers name for {name}")
         tensors[hf_name] = tensor.detach().to("cpu").contiguous()
-    saved = _replace(config, architectures=[hf_architecture(config, task)])
-    saved.save(directory)
+    _replace(config, architectures=[architecture]).save(directory)
     tmp = directory / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / "model.safetensors")

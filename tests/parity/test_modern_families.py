@@ -152,3 +152,30 @@ def test_modernbert_local_attention_memory_is_linear_in_length() -> None:
             local_attention(q, q, q, None, 64, 0.0)
         peaks.append(max(event.cpu_memory_usage for event in prof.key_averages()))
     assert peaks[1] <= 5 * peaks[0]
+
+
+@pytest.mark.data
+def test_modernbert_trained_at_1024_tokens_runs_at_8192(tmp_path) -> None:
+    """ModernBERT's recipe: pre-train at 1,024 tokens, run at 8,192. A tiny modernbert pre-trained on WikiText
+    windows of 1,024 tokens embeds an 8,192-token input on the engine with the states transformers computes."""
+    import json
+
+    from conftest import shared_file
+    from encoderkit.engine import engine_for
+    from encoderkit.training.pretrain import pretrain
+
+    corpus = shared_file("data", "wikitext2_raw", "wiki.test.raw")
+    config = {"model_type": "modernbert", "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+              "intermediate_size": 48, "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+              "local_attention": 64, "max_position_embeddings": 8192, "pad_token_id": 0}
+    result = pretrain(corpus, tmp_path / "run", config=json.dumps(config), max_length=1024, max_steps=2,
+                      batch_size=2, save_every=0, eval_every=0, show_progress=False)
+    assert result["masking"]["rate"] == pytest.approx(0.30)
+    final = tmp_path / "run" / "final"
+    ours = load_model(final, task="base")
+    reference = transformers.ModernBertModel.from_pretrained(final, attn_implementation="sdpa").eval()
+    ids = torch.randint(5, ours.config.vocab_size, (1, 8192), generator=torch.Generator().manual_seed(0))
+    (_, states, _), = list(engine_for(ours).run([ids[0].tolist()]))
+    with torch.no_grad():
+        want = reference(input_ids=ids).last_hidden_state[0]
+    assert states.shape == (8192, 32) and (states - want).abs().max() <= 1e-4

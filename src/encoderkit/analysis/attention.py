@@ -220,7 +220,7 @@ class AttentionAnalyzer:
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, **kwargs) -> "AttentionAnalyzer":
         """The analyzer of a model directory (HF format or sentence-transformers; None = the default model)."""
-        from ..checkpoints import load_model
+        from ..modeling.models import load_model
         from ..hub import resolve_model
 
         resolved = resolve_model(path)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checkpoints import load_extra_state, load_state, read_state_dict, write_checkpoint
 from ..config import EncoderConfig
 from ..errors import ConfigError, InputError
 from .embeddings import init_weights
@@ -48,13 +49,9 @@ class _Pretrained:
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, **kwargs: Any):
-        from ..checkpoints import load_model
-
         return load_model(path, task=cls.task, **kwargs)
 
     def save_pretrained(self, directory: str | Path, **kwargs: Any) -> Path:
-        from ..checkpoints import save_model
-
         return save_model(self, directory, **kwargs)
 
     def num_parameters(self) -> int:
@@ -429,3 +426,61 @@ def build_model(config: EncoderConfig, task: str = "base") -> nn.Module:
         raise ConfigError("replaced-token detection is ELECTRA's and DeBERTa-v3's objective; the config is "
                           + config.model_type)
     return TASK_MODELS[task](config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and saving in the HF directory format (the format itself: ``encoderkit.checkpoints``)
+# ---------------------------------------------------------------------------------------------
+def load_model(
+    path: str | Path | None = None,
+    task: str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    allow_pickle: bool = False,
+    labels: list[str] | None = None,
+    config: EncoderConfig | None = None,
+    new_head_expected: bool = False,
+) -> nn.Module:
+    """Load an HF-format model directory (or a sentence-transformers one) into encoderkit's model code.
+
+    ``task`` picks the head ("base", "masked-lm", "sequence-classification", ...); None reads it from
+    config.json's ``architectures``. ``labels`` sets the label names of a new classification head.
+    ``new_head_expected`` (fine-tuning): a head missing from the checkpoint is noted at INFO, not warned about.
+    """
+    from ..hub import resolve_model
+
+    resolved = resolve_model(path)
+    if config is None:
+        config = EncoderConfig.from_json_file(resolved.weights_dir / "config.json")
+    if labels is not None:
+        config = config.with_labels(labels)
+    if task is None:
+        task = task_from_architectures(config)
+    model = build_model(config, task)
+    state = read_state_dict(resolved.weights_dir, allow_pickle=allow_pickle)
+    load_state(model, state, source=str(resolved.weights_dir), new_head_expected=new_head_expected)
+    load_extra_state(model, resolved.weights_dir, new_head_expected)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.eval()
+    model.source = resolved  # type: ignore[attr-defined]
+    return model
+
+
+def load_weights(model: nn.Module, directory: str | Path) -> None:
+    """Load a saved directory's weights (transformers-named and extra) into an existing model."""
+    directory = Path(directory)
+    load_state(model, read_state_dict(directory), source=str(directory))
+    load_extra_state(model, directory)
+
+
+def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Any = None) -> Path:
+    """Write config.json + model.safetensors under transformers' names (see ``checkpoints.write_checkpoint``),
+    and the tokenizer when given. A task model that transformers sees as the bare encoder (multi-task) is
+    saved under base-model names."""
+    task = getattr(model, "task", None)
+    if task is None:
+        raise ConfigError(f"cannot save a {type(model).__name__}: not an encoderkit model")
+    as_base = isinstance(model, Encoder) or HF_SUFFIX[task] == "Model"
+    return write_checkpoint(model, directory, architecture=hf_architecture(model.config, task), as_base=as_base,
+                            tokenizer=tokenizer)

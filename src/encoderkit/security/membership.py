@@ -150,7 +150,7 @@ class MLMScorer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **options) -> "MLMScorer":
-        from ..checkpoints import load_model
+        from ..modeling.models import load_model
         from ..config import EncoderConfig
         from ..hub import resolve_model
         from ..modeling.models import task_from_architectures

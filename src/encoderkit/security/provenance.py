@@ -369,42 +369,46 @@ def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> lis
     config implies. Returns {"check", "expected", "found", "ok"} rows."""
     import torch
 
-    from ..checkpoints import BASE_RULES, HEAD_RULES, _Mapper
+    from ..checkpoints import transformers_name
     from ..modeling.models import build_model, task_from_architectures
 
-    prefix = config.family.hf_prefix + "."
+    family = config.family
+    prefix = family.hf_prefix + "."
     base = {name.removeprefix(prefix): shape for name, shape in shapes.items()}
-    mapper = _Mapper(config, task_model=False)
     width, hidden = config.embedding_dim, config.hidden_size
     rows: list[dict[str, Any]] = []
 
     def compare(check: str, ours: str, expected: tuple[int, ...]) -> None:
-        hf_name = mapper.our_to_hf(ours)
+        hf_name = transformers_name(config, ours)
         found = base.get(hf_name) if hf_name else None
         rows.append({"check": check, "tensor": hf_name, "expected": list(expected),
                      "found": list(found) if found is not None else "absent",
                      "ok": found is not None and tuple(found) == tuple(expected)})
 
     compare("word embeddings (vocab_size x embedding)", "embeddings.word.weight", (config.vocab_size, width))
-    compare("position embeddings (max_position_embeddings x embedding)", "embeddings.position.weight",
-            (config.max_position_embeddings, width))
-    if config.type_vocab_size > 0 and any(o == "embeddings.token_type" for o, _ in BASE_RULES[config.model_type]):
+    if config.absolute_positions:
+        compare("position embeddings (max_position_embeddings x embedding)", "embeddings.position.weight",
+                (config.max_position_embeddings, width))
+    if config.type_vocab_size > 0 and any(o == "embeddings.token_type" for o, _ in family.base_rules):
         compare("segment embeddings (type_vocab_size x embedding)", "embeddings.token_type.weight",
                 (config.type_vocab_size, width))
-    compare("hidden size (query projection)", "layers.0.attention.query.weight", (hidden, hidden))
-    compare("intermediate size (feed-forward in)", "layers.0.ffn_in.weight", (config.intermediate_size, hidden))
+    query = "qkv" if family.fused_qkv else "query"  # ModernBERT's fused Wqkv, or BERT's query
+    compare(f"hidden size ({query} projection)", f"layers.0.attention.{query}.weight",
+            ((3 if family.fused_qkv else 1) * hidden, hidden))
+    gated = 2 if family.mlp == "glu" else 1  # GeGLU's input projection holds the value and the gate
+    compare("intermediate size (feed-forward in)", "layers.0.ffn_in.weight", (gated * config.intermediate_size, hidden))
     compare("intermediate size (feed-forward out)", "layers.0.ffn_out.weight", (hidden, config.intermediate_size))
 
     # Layers: which layer indices have a query projection, against the config's count.
-    query_rule = next(theirs for ours, theirs in BASE_RULES[config.model_type]
-                      if ours == "layers.{i}.attention.query")
+    query_rule = next(theirs for ours, theirs in family.base_rules if ours == f"layers.{{i}}.attention.{query}")
     import re
 
     regex = re.escape(query_rule + ".weight")
     for key in ("i", "g", "j"):
         regex = regex.replace(re.escape("{" + key + "}"), r"(\d+)")
     present = {name for name in base if re.fullmatch(regex, name)}
-    expected_layers = {mapper.our_to_hf(f"layers.{i}.attention.query.weight") for i in range(config.num_unique_layers)}
+    expected_layers = {transformers_name(config, f"layers.{i}.attention.{query}.weight")
+                       for i in range(config.num_unique_layers)}
     rows.append({"check": "layers (num_hidden_layers)", "tensor": query_rule,
                  "expected": len(expected_layers), "found": len(present), "ok": present == expected_layers})
 
@@ -414,7 +418,7 @@ def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> lis
     named = {r["tensor"] for r in rows}
     absent, misshaped = [], []
     for ours, tensor in encoder.state_dict().items():
-        hf_name = mapper.our_to_hf(ours)
+        hf_name = transformers_name(config, ours)
         if hf_name is None or hf_name in named or hf_name in expected_layers:
             continue
         if hf_name not in base:
@@ -430,7 +434,7 @@ def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> lis
 
     # The classification head's rows against the number of labels.
     if task_from_architectures(config) == "sequence-classification":
-        out_name = dict(HEAD_RULES[config.model_type]["classifier"])["classifier.out"] + ".weight"
+        out_name = dict(family.head_rules["classifier"])["classifier.out"] + ".weight"
         found = shapes.get(out_name)
         rows.append({"check": "classifier outputs (num_labels)", "tensor": out_name, "expected": config.num_labels,
                      "found": found[0] if found else "absent", "ok": bool(found) and found[0] == config.num_labels})

@@ -80,7 +80,7 @@ class Embedder:
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, pooling: str | None = None,
                         normalize: bool | None = None, max_length: int | None = None, **options) -> "Embedder":
-        from ..checkpoints import load_model
+        from ..modeling.models import load_model
 
         resolved = resolve_model(path)
         model = load_model(resolved.root, task="base")

@@ -29,7 +29,7 @@ class FillMask:
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None) -> "FillMask":
-        from ..checkpoints import load_model
+        from ..modeling.models import load_model
         from ..config import EncoderConfig
         from ..hub import resolve_model
         from ..modeling.models import task_from_architectures

@@ -45,7 +45,7 @@ class TaskPipeline:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **options: Any) -> "TaskPipeline":
-        from ..checkpoints import load_model
+        from ..modeling.models import load_model
         from ..hub import resolve_model
 
         resolved = resolve_model(path)
@@ -71,21 +71,3 @@ def split_packed(values: torch.Tensor, batch: Packing) -> list[torch.Tensor]:
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     shifted = np.exp(logits - logits.max(axis=axis, keepdims=True))
     return shifted / shifted.sum(axis=axis, keepdims=True)
-
-
-def load_pipeline(path: str | Path, **options: Any) -> TaskPipeline:
-    """The pipeline a fine-tuned directory was made for (classification, NER or QA; fill-mask for MLMs)."""
-    from ..checkpoints import load_model
-    from ..hub import resolve_model
-    from .classify import Classifier
-    from .ner import EntityRecognizer
-    from .qa import QuestionAnswerer
-
-    resolved = resolve_model(path)
-    model = load_model(resolved.root)
-    tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
-    for pipeline in (Classifier, EntityRecognizer, QuestionAnswerer):
-        if model.task in pipeline.tasks:
-            return pipeline(model, tokenizer, **options)
-    raise InputError(f"{resolved.root} is a {model.task} model, not a fine-tuned classifier, NER tagger or QA model; "
-                     "for masked-LM models use `encoderkit fill-mask`, for encoders `encoderkit embed`")

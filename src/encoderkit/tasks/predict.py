@@ -13,7 +13,8 @@ from typing import Any, Iterator
 
 from ..data.readers import detect_format, iter_records
 from ..errors import InputError
-from .pipeline import TaskPipeline, load_pipeline
+from .loading import load_pipeline
+from .pipeline import TaskPipeline
 
 CHUNK = 512
 

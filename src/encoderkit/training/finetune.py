@@ -440,7 +440,7 @@ class FinetuneSetup:
 def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: Any = None,
                      model: str | Path | None = None, recipe: Recipe | None = None) -> FinetuneSetup:
     """Read and check the data, build the features and the task model, and set up the Trainer."""
-    from ..checkpoints import load_model
+    from ..modeling.models import load_model
     from ..hub import resolve_model
 
     out_dir = Path(out_dir)
@@ -491,7 +491,7 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
 
 def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: str | Path | None, recipe: Recipe,
               resume: bool) -> FinetuneResult:
-    from ..checkpoints import load_weights
+    from ..modeling.models import load_weights
 
     setup = prepare_finetune(kind, train, out_dir, valid=valid, model=model, recipe=recipe)
     trainer, training_dir = setup.trainer, out_dir / "training"
@@ -521,7 +521,7 @@ def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: s
 
 def evaluate_model(model_dir: str | Path, data: Any, *, dtype: str = "fp32", **columns: Any) -> dict[str, float]:
     """The task metrics of a fine-tuned directory on a labelled file of its task's format."""
-    from ..checkpoints import load_model
+    from ..modeling.models import load_model
     from ..hub import resolve_model
     from ..modeling.models import task_settings
 

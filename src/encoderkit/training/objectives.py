@@ -162,7 +162,7 @@ class ElectraObjective(nn.Module):
     def load_checkpoint(self, directory: str | Path) -> None:
         from safetensors.torch import load_file
 
-        from ..checkpoints import load_weights
+        from ..modeling.models import load_weights
 
         tables = self._disentangled_tables()
         embeddings = self.discriminator.encoder.embeddings
@@ -245,6 +245,6 @@ class DistillationObjective(nn.Module):
         return self.student.save_pretrained(directory, tokenizer=tokenizer)
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        from ..checkpoints import load_weights
+        from ..modeling.models import load_weights
 
         load_weights(self.student, directory)

@@ -94,7 +94,7 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
     """Model, tokenizer, masker and examples for a run. ``config`` is a preset name, a config.json or
     dict, or a model directory to continue pre-training from (its MLM head is added if missing).
     ``masking``: see ``resolve_masking`` (None: the family's masking rate, 30% for ModernBERT, else 15%)."""
-    from ..checkpoints import load_model
+    from ..modeling.models import load_model
     from ..hub import resolve_model
 
     if objective not in OBJECTIVES:

@@ -434,7 +434,7 @@ class Trainer:
         checkpoint = self.latest_checkpoint()
         if checkpoint is None:
             return
-        from ..checkpoints import load_weights
+        from ..modeling.models import load_weights
 
         state = torch.load(checkpoint / "trainer_state.pt", map_location="cpu", weights_only=True)
         if state.get("world_size", 1) != self.world_size:
