@@ -1,0 +1,36 @@
+"""CoSENT: a ranking loss over the cosine similarities of scored pairs.
+
+Su Jianlin (2022), "CoSENT (1): a more efficient sentence vector scheme than Sentence-BERT",
+https://kexue.fm/archives/8847. For every two pairs (i, j) of the batch whose gold scores say that pair i
+is more similar than pair j (s_i > s_j), the model's cosine of pair i should exceed that of pair j:
+
+    L = log(1 + sum_{(i, j): s_i > s_j} exp(lambda * (cos(u_j, v_j) - cos(u_i, v_i)))),    lambda = 20.
+
+Only the order of the scores matters (ties give no term), so any score scale works.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_embeddings, check_targets
+
+
+class CoSENTLoss(nn.Module):
+    """``forward(u, v, scores)``: log(1 + sum over s_i > s_j of exp(scale * (cos_j - cos_i)))."""
+
+    compares_by_cosine = True
+
+    def __init__(self, scale: float = 20.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        batch = check_embeddings("CoSENTLoss", ("u", "v"), u, v)
+        scores = check_targets("CoSENTLoss", "scores", scores, batch).to(u.device)
+        cosine = F.cosine_similarity(u.float(), v.float(), dim=1) * self.scale
+        differences = cosine[None, :] - cosine[:, None]  # [i, j] = lambda * (cos_j - cos_i)
+        ordered = scores[:, None] > scores[None, :]  # [i, j]: pair i should score above pair j
+        terms = differences.masked_select(ordered)
+        return torch.logsumexp(torch.cat([terms.new_zeros(1), terms]), dim=0)  # the 1 inside the log: exp(0)

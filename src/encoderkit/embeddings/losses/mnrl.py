@@ -1,0 +1,99 @@
+"""Multiple-negatives ranking loss: in-batch negatives, optional hard negatives, optional symmetric term,
+and no false negatives when a text repeats in the batch.
+
+Henderson et al. (2017), "Efficient Natural Language Response Suggestion for Smart Reply", arXiv:1705.00652,
+section 4.4: for a batch of K (anchor, positive) pairs, every other positive is a negative of an anchor, and
+the loss is the negative log-likelihood of the right positive under a softmax over the batch's candidates:
+
+    L = -(1/K) * sum_i log( exp(S(a_i, c_i)) / sum_j exp(S(a_i, c_j)) ),    S(x, y) = scale * cos(x, y),
+
+where the candidates c are the K positives followed by any hard-negative columns (K more per column), and
+scale = 20 (a temperature of 0.05). ``symmetric=True`` adds the reverse direction, each positive ranking the
+K anchors, and averages the two: L = (L_anchor->candidate + L_positive->anchor) / 2 (hard negatives take no
+part in the reverse term).
+
+False negatives. When a text occurs twice in a batch (two questions about one paragraph, one question with
+two answers), the copy is a right answer, not a negative, and ranking it below the positive teaches the model
+to push a text away from itself. ``forward(..., duplicates=ids)`` takes one integer id per text (equal ids:
+the same text; see ``text_ids``) and leaves out of each softmax every candidate that is a right answer other
+than the diagonal one: for anchor i, every candidate whose text is the positive of any anchor with the same
+text as a_i; for positive i in the reverse term, every anchor whose text is the anchor of any pair with the
+same positive as p_i. sentence-transformers 6 masks nothing in the loss (its ``gather_across_devices`` only
+gathers embeddings from other GPUs); it relies on a ``NoDuplicatesBatchSampler`` that keeps repeated texts
+out of a batch.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import InputError
+from ._checks import check_embeddings
+
+
+def text_ids(columns: Sequence[Sequence[str]]) -> torch.Tensor:
+    """(columns, batch) integer ids of a batch's texts, equal for equal texts: the ``duplicates`` argument of
+    ``MultipleNegativesRankingLoss`` from the texts a data loader holds (anchors, positives, negatives...)."""
+    ids: dict[str, int] = {}
+    return torch.tensor([[ids.setdefault(text, len(ids)) for text in column] for column in columns],
+                        dtype=torch.long)
+
+
+def false_negative_masks(duplicates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From (columns, batch) text ids: a (batch, candidates) mask of the candidates that are right answers of
+    each anchor besides its own positive, and a (batch, batch) mask of the anchors that are right answers of
+    each positive besides its own anchor (the reverse term)."""
+    anchors, positives, candidates = duplicates[0], duplicates[1], duplicates[1:].reshape(-1)
+    same_anchor = anchors[:, None] == anchors[None, :]
+    same_positive = positives[:, None] == positives[None, :]
+    # anchor i: any candidate equal to the positive of a pair whose anchor equals a_i
+    forward = (same_anchor.float() @ (positives[:, None] == candidates[None, :]).float()) > 0
+    # positive i: any anchor equal to the anchor of a pair whose positive equals p_i
+    backward = (same_positive.float() @ same_anchor.float()) > 0
+    diagonal = torch.arange(len(anchors), device=duplicates.device)
+    forward[diagonal, diagonal] = False
+    backward[diagonal, diagonal] = False
+    return forward, backward
+
+
+class MultipleNegativesRankingLoss(nn.Module):
+    """``forward(anchors, positives, *negatives, duplicates=None)``: cross-entropy of scale * cos over the batch's
+    candidates, the right one on the diagonal. ``duplicates``: optional (columns, batch) integer text ids (one
+    row per tensor passed, in order; ``text_ids`` builds them) so that repeated texts are not negatives."""
+
+    compares_by_cosine = True
+
+    def __init__(self, scale: float = 20.0, symmetric: bool = False) -> None:
+        super().__init__()
+        if not scale > 0:
+            raise InputError(f"the scale must be positive, found {scale}")
+        self.scale = scale
+        self.symmetric = symmetric
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor, *negatives: torch.Tensor,
+                duplicates: torch.Tensor | None = None) -> torch.Tensor:
+        columns = (anchors, positives, *negatives)
+        names = ("anchors", "positives") + tuple(f"negatives[{k}]" for k in range(len(negatives)))
+        batch = check_embeddings("MultipleNegativesRankingLoss", names, *columns)
+        a = F.normalize(anchors, p=2, dim=1)
+        c = F.normalize(torch.cat(columns[1:], dim=0), p=2, dim=1)
+        scores = self.scale * a @ c.T  # (batch, batch * (1 + negative columns))
+        targets = torch.arange(batch, device=scores.device)
+        forward_mask = backward_mask = None
+        if duplicates is not None:
+            duplicates = torch.as_tensor(duplicates, device=scores.device)
+            if duplicates.shape != (len(columns), batch) or duplicates.is_floating_point():
+                raise InputError(f"duplicates must be integer text ids of shape (columns, batch) = "
+                                 f"({len(columns)}, {batch}), found {duplicates.dtype} {tuple(duplicates.shape)}")
+            forward_mask, backward_mask = false_negative_masks(duplicates)
+            scores = scores.masked_fill(forward_mask, float("-inf"))
+        loss = F.cross_entropy(scores, targets)
+        if self.symmetric:
+            reverse = self.scale * c[:batch] @ a.T  # positive i against every anchor
+            if backward_mask is not None:
+                reverse = reverse.masked_fill(backward_mask, float("-inf"))
+            loss = (loss + F.cross_entropy(reverse, targets)) / 2
+        return loss
