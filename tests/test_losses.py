@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from encoderkit import InputError
-from encoderkit.checkpoints import _Mapper
+from encoderkit.checkpoints import transformers_name
 from encoderkit.embeddings import (
     CachedMultipleNegativesRankingLoss,
     CoSENTLoss,
@@ -85,8 +85,8 @@ def run_both(models, columns, our_loss, their_loss, their_labels=None, **targets
 
 
 def grads(model: SentenceModel) -> dict[str, torch.Tensor]:
-    mapper = _Mapper(model.encoder.config, task_model=False)
-    return {mapper.our_to_hf(name): p.grad.clone() for name, p in model.encoder.named_parameters()
+    config = model.encoder.config
+    return {transformers_name(config, name): p.grad.clone() for name, p in model.encoder.named_parameters()
             if p.grad is not None}
 
 

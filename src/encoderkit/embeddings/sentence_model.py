@@ -74,7 +74,7 @@ class SentenceModel(nn.Module):
         """An HF or sentence-transformers directory (None: the default model). The pooling, normalisation and
         maximum length of a sentence-transformers directory are used unless given; a plain HF directory
         gets mean pooling without normalisation (what ``SentenceTransformer(dir)`` builds for it)."""
-        from ..checkpoints import load_model
+        from ..modeling.models import load_model
 
         resolved = resolve_model(path)
         encoder = load_model(resolved.root, task="base")
