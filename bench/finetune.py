@@ -356,7 +356,7 @@ def probe_emulated_bf16(task: str, work: Path, steps: int = 3) -> str:
     player.run(1)  # warm-up
     player.seconds, player.examples = 0.0, 0
     player.run(steps)
-    return (f"not run for the epoch: this CPU has no native bf16 (AVX512-BF16/AMX), so bf16 products are "
+    return (f"not run for the epoch: this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16), so bf16 products are "
             f"emulated; {steps} steps of bf16 autocast ran at {player.examples / player.seconds:.1f} examples/s")
 
 

@@ -12,8 +12,14 @@ from common import RESULTS, ROOT
 
 def _machine(result: dict[str, Any]) -> str:
     m = result["machine"]
-    bf16 = "native bf16 (AVX512-BF16/AMX)" if m.get("native_bf16") else "no native bf16"
     flags = m.get("cpu_flags")
+    units = [name for name in ("avx512_bf16", "amx_bf16") if flags and flags.get(name)]
+    if not m.get("native_bf16"):
+        bf16 = "no native bf16 (bf16 products emulated)"
+    elif units:
+        bf16 = "native bf16 through " + " and ".join(units)
+    else:
+        bf16 = "native bf16 (this result did not record whether through avx512_bf16 or amx_bf16)"
     shown = (" (CPU flags: " + ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in flags.items())
              + ")") if flags else ""
     command = result.get("command", f"python bench/{result['benchmark']}.py")
