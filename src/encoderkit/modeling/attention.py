@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
-from .packing import AttentionGroup, Packing, combine_biases, length_groups, padding_bias  # noqa: F401 (re-exported)
+from .packing import AttentionGroup, Packing, combine_biases
 
 
 def causal_bias(length: int, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:

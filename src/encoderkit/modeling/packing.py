@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 
 def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -279,11 +278,5 @@ def plan_batches(lengths: list[int] | np.ndarray, token_budget: int, max_batch_s
     return batches
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dropout_p: float,
-         scale: float | None = None) -> torch.Tensor:
-    """torch's fused attention on (count, heads, length, head_dim) grids."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
-
-
 __all__ = ["AttentionGroup", "GROUP_OVERHEAD", "Packing", "combine_biases", "length_groups", "padding_bias",
-           "plan_batches", "pool_packed", "sdpa"]
+           "plan_batches", "pool_packed"]

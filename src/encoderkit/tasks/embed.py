@@ -21,11 +21,11 @@ from ..hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..engine import engine_for
 from ..modeling.packing import pool_packed
+from ..st_format import POOLING_MODES
 from ..tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-POOLING_MODES = ("mean", "cls", "max", "weightedmean", "mean_sqrt_len")
 LONG_TEXT_MODES = ("truncate", "window")
 
 
