@@ -1,4 +1,4 @@
-"""Embeddings and search: `embed`, `index`, `search`, `eval-sts`."""
+"""Embeddings and search: `embed`, `index`, `search`, `eval-sts`, `eval-retrieval`."""
 from __future__ import annotations
 
 import json
@@ -56,6 +56,40 @@ def eval_sts(path: str, model: str | None, dtype: str) -> None:
     click.echo(f"pairs: {result.pairs}")
     click.echo(f"spearman: {result.spearman:.6f}")
     click.echo(f"pearson: {result.pearson:.6f}")
+
+
+@click.command("eval-retrieval")
+@click.argument("model")
+@click.option("--queries", "queries_path", required=True, help="queries: id<TAB>text (a header line is optional)")
+@click.option("--corpus", "corpus_path", required=True, help="documents: id<TAB>text (a header line is optional)")
+@click.option("--qrels", "qrels_path", required=True,
+              help="relevant documents: query_id<TAB>doc_id[<TAB>grade] (a header line is optional)")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="texts per forward pass (at most)")
+@dtype_option()
+@json_option()
+def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: str, batch_size: int, dtype: str,
+                   as_json: bool) -> None:
+    """nDCG@10, MRR@10, Recall@1/10/100 and MAP@100 of exact cosine search with MODEL (as sentence-transformers'
+    InformationRetrievalEvaluator computes them)."""
+    from ..embeddings.evaluation import evaluate_retrieval, read_qrels, read_texts_tsv
+    from ..errors import InputError
+    from ..tasks.embed import Embedder
+
+    if batch_size <= 0:
+        raise InputError(f"--batch-size must be positive, found {batch_size}")
+    # the files are read and checked before the model is loaded: bad input fails fast
+    queries = read_texts_tsv(queries_path, "queries")
+    corpus = read_texts_tsv(corpus_path, "documents")
+    qrels = read_qrels(qrels_path, queries=queries, corpus=corpus)
+    embedder = Embedder.from_pretrained(None if model == "default" else model, dtype=dtype)
+    metrics = evaluate_retrieval(embedder, queries, corpus, qrels, batch_size=batch_size)
+    counts = {"queries": sum(1 for relevant in qrels.values() if any(g > 0 for g in relevant.values())),
+              "corpus": len(corpus)}
+    if as_json:
+        click.echo(json.dumps({**metrics, **counts}, indent=2))
+        return
+    for name, value in metrics.items():
+        click.echo(f"{name}: {value:.4f}")
 
 
 @click.command()
