@@ -127,3 +127,39 @@ def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool)
     for hit in hits:
         text = f"  {hit['text']}" if "text" in hit else ""
         click.echo(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['id']}{text}")
+
+
+@click.command("mine-negatives")
+@click.argument("model_path", metavar="MODEL")
+@click.option("--train", "train_path", required=True,
+              help="pairs file: TSV/CSV with a header, or JSONL, with columns anchor, positive")
+@click.option("--corpus", "corpus_path", default=None,
+              help="more candidate texts: one per line, or a text column of a .tsv/.csv/.jsonl "
+                   "(the positives are always candidates)")
+@out_option("output .tsv/.csv/.jsonl with columns anchor, positive, negative_1..n", dest="out_path")
+@click.option("--num-negatives", type=int, default=3, show_default=True, help="negatives per pair")
+@click.option("--margin", type=float, default=0.05, show_default=True,
+              help="absolute: keep a candidate only if its score + margin <= the positive's score")
+@click.option("--range-min", type=int, default=0, show_default=True, help="skip the nearest N non-positives")
+@click.option("--range-max", type=int, default=None,
+              help="consider the non-positives ranked up to N (default: range-min + 10 x num-negatives)")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="texts per embedding batch")
+@dtype_option()
+def mine_negatives(model_path: str, train_path: str, corpus_path: str | None, out_path: str, num_negatives: int,
+                   margin: float, range_min: int, range_max: int | None, batch_size: int, dtype: str) -> None:
+    """Mine hard negatives for (anchor, positive) pairs: the nearest non-positives below the positive's score."""
+    from ..data.readers import read_texts
+    from ..embeddings.data import ANCHOR_POSITIVE, read_training_file, training_format, write_training_file
+    from ..embeddings.mining import mine_hard_negatives
+    from ..tasks.embed import Embedder
+    from pathlib import Path
+
+    training_format(Path(out_path))  # a bad --out extension fails before any work
+    pairs = read_training_file(train_path, shape=ANCHOR_POSITIVE)
+    corpus = read_texts(corpus_path, what="--corpus") if corpus_path else None
+    embedder = Embedder.from_pretrained(model_path, dtype=dtype)
+    mined = mine_hard_negatives(embedder, [e.anchor for e in pairs.examples], [e.positive for e in pairs.examples],
+                                corpus, margin=margin, range_min=range_min, range_max=range_max,
+                                num_negatives=num_negatives, batch_size=batch_size, show_progress=True)
+    write_training_file(out_path, mined.examples)
+    click.echo(f"{mined.summary(num_negatives)} -> {out_path}")
