@@ -112,11 +112,8 @@ def test_squad_with_default_model_mines_no_positive(minilm_dir: Path) -> None:
 # ----- the command ------------------------------------------------------------------------------------------
 @pytest.fixture()
 def cli_main():
-    from encoderkit.cli.app import cli, main
-    from encoderkit.cli.embed import mine_negatives
+    from encoderkit.cli.app import main
 
-    if "mine-negatives" not in cli.commands:  # until cli/app.py registers it
-        cli.add_command(mine_negatives)
     return main
 
 

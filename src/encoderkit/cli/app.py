@@ -14,7 +14,7 @@ import click
 from ..errors import EncoderkitError
 from .attention import attention
 from .demo import demo
-from .embed import embed, eval_retrieval, eval_sts, index, search
+from .embed import embed, eval_retrieval, eval_sts, index, mine_negatives, search
 from .models import info, models
 from .scan import scan
 from .tasks import classify, evaluate, fill_mask, finetune, ner, predict, qa
@@ -70,7 +70,7 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-for _command in (info, models, demo, embed, eval_sts, eval_retrieval, index, search, train_tokenizer_cmd, pretrain,
+for _command in (info, models, demo, embed, eval_sts, eval_retrieval, mine_negatives, index, search, train_tokenizer_cmd, pretrain,
                  finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan):
     cli.add_command(_command)
 del _command

@@ -1,4 +1,4 @@
-"""Embeddings and search: `embed`, `index`, `search`, `eval-sts`, `eval-retrieval`."""
+"""Embeddings and search: `embed`, `index`, `search`, `eval-sts`, `eval-retrieval`, `mine-negatives`."""
 from __future__ import annotations
 
 import json
