@@ -16,6 +16,7 @@ from .attention import attention
 from .demo import demo
 from .embed import embed, eval_retrieval, eval_sts, index, mine_negatives, search
 from .models import info, models
+from .rerank import rerank, train_reranker_cmd
 from .scan import scan
 from .tasks import classify, evaluate, fill_mask, finetune, ner, predict, qa
 from .train import pretrain, train_tokenizer_cmd
@@ -71,7 +72,8 @@ def cli(verbose: int) -> None:
 
 
 for _command in (info, models, demo, embed, eval_sts, eval_retrieval, mine_negatives, index, search, train_tokenizer_cmd, pretrain,
-                 finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan):
+                 finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan,
+                 train_reranker_cmd, rerank):
     cli.add_command(_command)
 del _command
 

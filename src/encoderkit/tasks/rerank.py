@@ -1,0 +1,61 @@
+"""Reranking with a cross-encoder: a one-logit sequence-classification model scores (query, passage) pairs.
+
+``Reranker.from_pretrained(dir).rank(query, passages)`` -> [{"index", "score"[, "text"]}] best first.
+Scores are the raw logit by default; ``activation="sigmoid"`` gives what sentence-transformers'
+``CrossEncoder.predict`` returns for a one-label model (its default activation there).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from .classify import Classifier
+
+ACTIVATIONS = ("none", "sigmoid")
+
+
+class Reranker(Classifier):
+    """A TaskPipeline over a one-logit (num_labels=1) sequence-classification model."""
+
+    tasks = ("sequence-classification",)
+
+    def __init__(self, model, tokenizer, **options) -> None:
+        super().__init__(model, tokenizer, **options)
+        if self.config.num_labels != 1:
+            raise InputError(f"a reranker needs a one-logit model (num_labels=1); this one has "
+                             f"{self.config.num_labels} labels ({', '.join(self.config.labels)})")
+
+    def scores(self, query: str, passages: Sequence[str], *, activation: str | None = None) -> np.ndarray:
+        """One score per passage (float32): the raw logit, or its sigmoid with ``activation="sigmoid"``."""
+        if not isinstance(query, str):
+            raise InputError("the query must be one string")
+        if isinstance(passages, str):
+            raise InputError("pass a list of passages")
+        activation = activation or "none"
+        if activation not in ACTIVATIONS:
+            raise InputError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+        passages = list(passages)
+        if not passages:
+            return np.zeros(0, dtype=np.float32)
+        logits = self.logits([query] * len(passages), passages)[:, 0]
+        if activation == "sigmoid":
+            logits = (1.0 / (1.0 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
+        return logits
+
+    def rank(self, query: str, passages: Sequence[str], top_k: int | None = None, return_text: bool = False, *,
+             activation: str | None = None) -> list[dict]:
+        """Passages by descending score (ties keep input order): [{"index", "score"[, "text"]}], at most top_k."""
+        if top_k is not None and top_k < 1:
+            raise InputError(f"top_k must be at least 1, found {top_k}")
+        passages = list(passages)
+        values = self.scores(query, passages, activation=activation)
+        order = np.argsort(-values, kind="stable")[:top_k]
+        ranked = []
+        for i in order:
+            row = {"index": int(i), "score": float(values[i])}
+            if return_text:
+                row["text"] = passages[i]
+            ranked.append(row)
+        return ranked
