@@ -13,7 +13,7 @@ from .options import dtype_option, json_option, top_k_option
 @click.option("--train", "train_path", required=True,
               help="TSV/CSV (with a header) or JSONL of query, passage, label (0/1 or a float in [0, 1])")
 @click.option("--out", "out_dir", required=True, help="output directory (a one-logit cross-encoder)")
-@click.option("--valid", "valid_path", default=None, help="validation file (default: 10%% carved from --train)")
+@click.option("--valid", "valid_path", default=None, help="validation file (default: 10% carved from --train)")
 @click.option("--epochs", type=float, default=1.0, show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True)
 @click.option("--learning-rate", type=float, default=2e-5, show_default=True)
