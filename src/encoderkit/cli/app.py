@@ -17,6 +17,7 @@ from .demo import demo
 from .embed import embed, eval_retrieval, eval_sts, index, mine_negatives, search
 from .models import info, models
 from .scan import scan
+from .sentence import train_embedder_cmd
 from .tasks import classify, evaluate, fill_mask, finetune, ner, predict, qa
 from .train import pretrain, train_tokenizer_cmd
 
@@ -71,7 +72,7 @@ def cli(verbose: int) -> None:
 
 
 for _command in (info, models, demo, embed, eval_sts, eval_retrieval, mine_negatives, index, search, train_tokenizer_cmd, pretrain,
-                 finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan):
+                 finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan, train_embedder_cmd):
     cli.add_command(_command)
 del _command
 
