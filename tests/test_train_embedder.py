@@ -104,6 +104,8 @@ def test_mnrl_command_with_matryoshka_and_validation(tmp_path: Path, minilm_dir:
     ("", [], "is empty"),
     ("sentence1\tsentence2\tscore\na\tb\t0.5\n", ["--loss", "nope"], "unknown loss 'nope'"),
     ("anchor\tpositive\nq\tp\n", ["--matryoshka", "384,x"], "--matryoshka takes comma-separated"),
+    ("sentence1\tsentence2\tscore\na\tb\t4.5\n", ["--loss", "cosine"], "outside [0, 1]"),
+    ("anchor\tpositive\nq\tp\n", ["--loss", "triplet"], "needs a negative column"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, minilm_dir: Path, cli_main, capsys, content: str,
                                       extra: list[str], message: str) -> None:
@@ -129,3 +131,21 @@ def test_rerun_resumes_from_last_checkpoint(tmp_path: Path, minilm_dir: Path, cl
     records = (out / "metrics.jsonl").read_text().splitlines()
     assert records[:2] == first and [json.loads(line)["step"] for line in records] == [1, 2, 3, 4]
     assert (out / "checkpoint-0000004").is_dir()
+
+
+@pytest.mark.parametrize("loss,header,rows", [
+    ("softmax", "premise\thypothesis\tlabel", [(q, p, "yes" if i % 2 else "no") for i, (q, p) in enumerate(QA)]),
+    ("triplet", "anchor\tpositive\tnegative", [(q, p, QA[(i + 1) % len(QA)][1]) for i, (q, p) in enumerate(QA)]),
+])
+def test_softmax_and_triplet_train(tmp_path: Path, minilm_dir: Path, loss: str, header: str, rows) -> None:
+    from encoderkit.training.sentence import train_embedder
+
+    train = write_tsv(tmp_path / "train.tsv", header, rows)
+    result = train_embedder(minilm_dir, train, tmp_path / "out", loss=loss, batch_size=4, show_progress=False,
+                            valid=train if loss == "triplet" else None)
+    assert result.step == 2 and (result.final_dir / "modules.json").is_file()
+    assert not (result.final_dir / "loss_head.pt").exists()  # the softmax classifier is not part of the embedder
+    if loss == "softmax":
+        assert (tmp_path / "out" / "checkpoint-0000002" / "loss_head.pt").is_file()  # kept for resuming
+    else:
+        assert result.metric == "triplet_accuracy" and 0.0 <= result.best_metric <= 1.0
