@@ -18,6 +18,7 @@ from .embed import embed, eval_retrieval, eval_sts, index, mine_negatives, searc
 from .models import info, models
 from .rerank import rerank, train_reranker_cmd
 from .scan import scan
+from .sentence import train_embedder_cmd
 from .tasks import classify, evaluate, fill_mask, finetune, ner, predict, qa
 from .train import pretrain, train_tokenizer_cmd
 
@@ -73,7 +74,7 @@ def cli(verbose: int) -> None:
 
 for _command in (info, models, demo, embed, eval_sts, eval_retrieval, mine_negatives, index, search, train_tokenizer_cmd, pretrain,
                  finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan,
-                 train_reranker_cmd, rerank):
+                 train_embedder_cmd, train_reranker_cmd, rerank):
     cli.add_command(_command)
 del _command
 

@@ -1,0 +1,60 @@
+"""`train-embedder`: fine-tune an encoder into a sentence embedder (sentence-transformers' directory format)."""
+from __future__ import annotations
+
+import click
+
+from ..errors import InputError
+from .options import max_length_option, model_option, out_option, restart_option, seed_option
+
+LOSS_HELP = "mnrl | cached-mnrl | cosent | cosine | softmax | triplet"
+
+
+def parse_dims(text: str | None) -> list[int] | None:
+    """'384,256,128,64' -> [384, 256, 128, 64]."""
+    if not text:
+        return None
+    try:
+        dims = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--matryoshka takes comma-separated positive integers, found {text!r}") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise InputError(f"--matryoshka takes comma-separated positive integers, found {text!r}")
+    return dims
+
+
+@click.command("train-embedder")
+@model_option("the model to fine-tune: a directory or name (default: the default model)")
+@click.option("--train", "train_file", required=True, help="TSV/CSV/JSONL: anchor,positive[,negative...] | "
+              "sentence1,sentence2,score | premise,hypothesis,label")
+@click.option("--loss", default="mnrl", show_default=True, help=LOSS_HELP)
+@click.option("--matryoshka", default=None, help="Matryoshka dimensions, e.g. 384,256,128,64")
+@click.option("--valid", default=None, help="validation file: scored pairs (Spearman), anchor/positive pairs "
+              "(nDCG@10 over the positives) or triplets (accuracy); the best checkpoint is kept in best/")
+@click.option("--epochs", type=float, default=1, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--mini-batch-size", type=int, default=32, show_default=True, help="cached-mnrl: texts per pass")
+@click.option("--lr", type=float, default=2e-5, show_default=True)
+@click.option("--warmup-ratio", type=float, default=0.1, show_default=True)
+@click.option("--eval-every", type=int, default=0, show_default=True, help="steps (0: at the end only)")
+@click.option("--save-every", type=int, default=0, show_default=True, help="steps (0: at the end only)")
+@out_option("output directory (checkpoints, metrics.jsonl, loss.png, best/, final/)")
+@seed_option(42)
+@max_length_option()
+@restart_option("ignore the checkpoints of an interrupted run in --out")
+def train_embedder_cmd(model: str | None, train_file: str, loss: str, matryoshka: str | None, valid: str | None,
+                       epochs: float, batch_size: int, mini_batch_size: int, lr: float, warmup_ratio: float,
+                       eval_every: int, save_every: int, out_dir: str, seed: int, max_length: int | None,
+                       restart: bool) -> None:
+    """Fine-tune a model into a sentence embedder with an SBERT loss."""
+    import sys
+
+    from ..training.sentence import train_embedder
+
+    result = train_embedder(model, train_file, out_dir, loss=loss, epochs=epochs, batch_size=batch_size,
+                            learning_rate=lr, warmup_ratio=warmup_ratio, matryoshka_dims=parse_dims(matryoshka),
+                            valid=valid, seed=seed, max_length=max_length, mini_batch_size=mini_batch_size,
+                            eval_every=eval_every, save_every=save_every, resume=not restart,
+                            show_progress=sys.stderr.isatty())
+    if result.metric and result.best_metric is not None:
+        click.echo(f"best {result.metric}: {result.best_metric:.4f} at step {result.best_step}")
+    click.echo(f"final model: {result.final_dir}")

@@ -1,0 +1,284 @@
+"""Training sentence embedders: ``train_embedder`` drives the generic ``Trainer`` with a ``SentenceModel`` and one
+of the embedding losses, and saves the result in sentence-transformers' directory format.
+
+How the pieces fit the Trainer:
+
+- MNRL (plain and cached) batches come from ``NoDuplicatesBatcher`` (``fill=True``: full batches, a repeated
+  text then masked by the loss's ``duplicates``). The Trainer's "examples" are then the batch numbers of an
+  epoch (its batch size is 1) and the collate function looks the batch up for that epoch, so the order is a
+  function of (seed, epoch) and a resumed run continues exactly.
+- The cached loss (GradCache) runs inside the wrapper's forward: its two passes (embed without activations,
+  loss and embedding gradients) happen there, and the returned loss carries a hook that replays the
+  mini-batches when the Trainer calls ``backward``; so the Trainer's step hosts it unchanged (no gradient
+  accumulation on top of it).
+- Checkpoints hold the encoder in HF format plus the sentence-transformers files (so ``best/`` and ``final/``
+  load in ``SentenceTransformer``); the softmax classifier, which is not part of the embedder, is kept beside
+  them in ``loss_head.pt`` for resuming only.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..embeddings.data import (
+    ANCHOR_POSITIVE,
+    LABELLED_PAIR,
+    LOSS_SHAPES,
+    SCORED_PAIR,
+    NoDuplicatesBatcher,
+    read_training_file,
+)
+from ..embeddings import losses as L
+from ..embeddings.sentence_model import FEATURE_NAMES, SentenceModel
+from ..errors import DataError, InputError
+from ..st_format import write_sentence_transformer
+from .trainer import Trainer, TrainingConfig
+
+log = logging.getLogger(__name__)
+
+LOSSES = ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet")
+LOSS_HEAD_FILE = "loss_head.pt"
+
+
+def _column_keys(index: int) -> dict[str, str]:
+    """Feature names of text column ``index`` in a collated batch: column 0 keeps the plain names (the Trainer
+    counts examples and tokens from ``input_ids``/``attention_mask``)."""
+    return {name: name if index == 0 else f"{name}_{index}" for name in FEATURE_NAMES}
+
+
+class EmbedderTraining(nn.Module):
+    """The Trainer's model: ``forward(**batch)`` embeds each text column and returns an object with ``.loss``;
+    ``save_pretrained`` writes the embedder (HF + sentence-transformers files)."""
+
+    def __init__(self, model: SentenceModel, loss: nn.Module, loss_name: str, columns: int) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+        self.loss_name = loss_name
+        self.columns = columns
+
+    def _column(self, batch: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
+        return {name: batch[key] for name, key in _column_keys(index).items() if key in batch}
+
+    def forward(self, **batch: torch.Tensor) -> SimpleNamespace:
+        columns = [self._column(batch, i) for i in range(self.columns)]
+        if self.loss_name == "cached-mnrl":
+            loss = self.loss(*columns, duplicates=batch["duplicates"])
+        else:
+            vectors = [self.model(**column) for column in columns]
+            if self.loss_name == "mnrl":
+                loss = self.loss(*vectors, duplicates=batch["duplicates"])
+            elif self.loss_name in ("cosent", "cosine"):
+                loss = self.loss(*vectors, batch["scores"])
+            elif self.loss_name == "softmax":
+                loss = self.loss(*vectors, batch["labels"])
+            else:
+                loss = self.loss(*vectors)
+        return SimpleNamespace(loss=loss)
+
+    def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
+        directory = Path(directory)
+        self.model.encoder.save_pretrained(directory, tokenizer=tokenizer or self.model.tokenizer)
+        write_sentence_transformer(directory, pooling=self.model.pooling, normalize=self.model.normalize,
+                                   max_seq_length=self.model.max_length, dimension=self.model.dimension)
+        head = {k: v for k, v in self.loss.state_dict().items() if not k.startswith("model.")}
+        if head:  # the softmax classifier: not part of the embedder, kept for resuming
+            torch.save(head, directory / LOSS_HEAD_FILE)
+        return directory
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        from ..modeling.models import load_weights
+
+        directory = Path(directory)
+        load_weights(self.model.encoder, directory)
+        if (directory / LOSS_HEAD_FILE).is_file():
+            head = torch.load(directory / LOSS_HEAD_FILE, map_location="cpu", weights_only=True)
+            self.loss.load_state_dict(head, strict=False)
+
+
+class _ModelEncoder:
+    """``encode(texts, batch_size, normalize)`` over a SentenceModel, for the evaluators."""
+
+    def __init__(self, model: SentenceModel) -> None:
+        self.model = model
+
+    def encode(self, texts: Sequence[str], *, batch_size: int = 64, normalize: bool | None = None, **_: Any):
+        device = next(self.model.parameters()).device
+        parts = []
+        for start in range(0, len(texts), batch_size):
+            batch = self.model.tokenize(list(texts[start:start + batch_size]))
+            features = {k: v.to(device) for k, v in batch.model_inputs().items()}
+            vectors = self.model(**features).float()
+            if normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+            parts.append(vectors.cpu().numpy())
+        return np.concatenate(parts) if parts else np.zeros((0, self.model.dimension), dtype=np.float32)
+
+
+def _validation(valid: str | Path, loss: str, labels: dict[str, int] | None) -> tuple[str, Any]:
+    """(metric name, evaluate function of the SentenceModel) for a validation file."""
+    from ..embeddings.evaluation import evaluate_retrieval, sts_spearman, triplet_accuracy
+
+    data = read_training_file(valid, labels=labels)
+    if data.shape == SCORED_PAIR:
+        pairs = [(e.sentence1, e.sentence2, e.score) for e in data.examples]
+        return "spearman", lambda model: {"spearman": sts_spearman(_ModelEncoder(model), pairs, batch_size=64)}
+    if data.shape == ANCHOR_POSITIVE:
+        if data.negative_columns:
+            triplets = [(e.anchor, e.positive, e.negatives[0]) for e in data.examples]
+            return "triplet_accuracy", lambda model: {"triplet_accuracy": triplet_accuracy(
+                _ModelEncoder(model), *zip(*triplets), batch_size=64)}
+        corpus: dict[str, str] = {}
+        queries: dict[str, str] = {}
+        qrels: dict[str, dict[str, float]] = {}
+        for e in data.examples:
+            doc = corpus.setdefault(e.positive, f"d{len(corpus)}")
+            qid = queries.setdefault(e.anchor, f"q{len(queries)}")
+            qrels.setdefault(qid, {})[doc] = 1.0
+        query_texts = {qid: text for text, qid in queries.items()}
+        corpus_texts = {doc: text for text, doc in corpus.items()}
+
+        def retrieval(model: SentenceModel) -> dict[str, float]:
+            metrics = evaluate_retrieval(_ModelEncoder(model), query_texts, corpus_texts, qrels, batch_size=64)
+            return {k.replace("@", "_at_"): v for k, v in metrics.items()}
+
+        return "ndcg_at_10", retrieval
+    raise InputError(f"validation file {valid}: labelled pairs ({data.shape}) have no embedding metric here; "
+                     "give scored pairs (sentence1, sentence2, score) or anchor/positive[/negative] pairs")
+
+
+@dataclass
+class EmbedderResult:
+    final_dir: Path
+    step: int
+    best_metric: float | None
+    best_step: int | None
+    metric: str | None
+    history: list[dict[str, Any]]
+
+
+def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path, *, loss: str = "mnrl",
+                   epochs: float = 1, batch_size: int = 32, learning_rate: float = 2e-5, warmup_ratio: float = 0.1,
+                   matryoshka_dims: Sequence[int] | None = None, valid: str | Path | None = None, seed: int = 42,
+                   max_length: int | None = None, mini_batch_size: int = 32, pooling: str | None = None,
+                   normalize: bool | None = None, scale: float = 20.0, triplet_margin: float = 5.0,
+                   max_steps: int | None = None, eval_every: int = 0, save_every: int = 0, bf16: bool = False,
+                   device: str = "cpu", time_budget_s: float | None = None, show_progress: bool = True,
+                   resume: bool = True) -> EmbedderResult:
+    """Fine-tune ``model_dir`` (any family encoderkit loads; None: the default model) into a sentence embedder
+    on ``train_file`` with ``loss``; checkpoints, metrics.jsonl, loss.png, best/ (by the validation metric when
+    ``valid`` is given) and final/ go under ``out_dir``; final/ is a sentence-transformers directory. Rerunning
+    with the same out_dir resumes from its last checkpoint (``resume=False`` starts over)."""
+    if loss not in LOSSES:
+        raise InputError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    if epochs <= 0 or batch_size <= 0:
+        raise InputError(f"epochs and batch_size must be positive, found {epochs} and {batch_size}")
+    data = read_training_file(train_file, loss=loss)
+    if matryoshka_dims and loss == "softmax":
+        raise InputError("--matryoshka cannot be used with the softmax loss (its classifier reads the full vector)")
+    if loss == "triplet" and not data.negative_columns:
+        raise DataError(f"{train_file}: the triplet loss needs a negative column (anchor, positive, negative)")
+    model = SentenceModel.from_pretrained(model_dir, pooling=pooling, normalize=normalize, max_length=max_length)
+    if matryoshka_dims:
+        too_big = [d for d in matryoshka_dims if d > model.dimension]
+        if too_big:
+            raise InputError(f"Matryoshka dims {too_big} exceed the model's dimension {model.dimension}")
+
+    def wrap(inner: nn.Module) -> nn.Module:
+        return L.MatryoshkaLoss(inner, matryoshka_dims) if matryoshka_dims else inner
+
+    if loss == "mnrl":
+        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=scale))
+    elif loss == "cached-mnrl":
+        loss_module = L.CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size,
+                                                           loss=wrap(L.MultipleNegativesRankingLoss(scale=scale)))
+    elif loss == "cosent":
+        loss_module = wrap(L.CoSENTLoss(scale=scale))
+    elif loss == "cosine":
+        loss_module = wrap(L.CosineSimilarityLoss())
+    elif loss == "softmax":
+        loss_module = L.SoftmaxLoss(model.dimension, len(data.labels or {}))
+    else:
+        loss_module = wrap(L.TripletLoss(margin=triplet_margin))
+
+    examples = data.examples
+    if data.shape == ANCHOR_POSITIVE:
+        columns = 2 + len(data.negative_columns)
+        if loss == "triplet":
+            columns = 3
+    else:
+        columns = 2
+    tokenizer = model.tokenizer
+
+    def tokenize_columns(rows: list[Any]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for index in range(columns):
+            batch = model.tokenize([e.texts[index] for e in rows]).model_inputs()
+            keys = _column_keys(index)
+            out.update({keys[name]: value for name, value in batch.items()})
+        return out
+
+    mnrl_like = loss in ("mnrl", "cached-mnrl")
+    if mnrl_like:
+        batcher = NoDuplicatesBatcher(examples, batch_size, seed=seed, fill=True, drop_last=False)
+        cache: dict[int, list[list[int]]] = {}
+
+        def batches_of(epoch: int) -> list[list[int]]:
+            if epoch not in cache:
+                cache.clear()
+                cache[epoch] = batcher.batches(epoch)
+            return cache[epoch]
+
+        train_items: Sequence[Any] = list(range(len(batches_of(0))))
+        trainer_batch = 1
+
+        def collate(items: list[int], epoch: int) -> dict[str, torch.Tensor]:
+            rows = [examples[i] for item in items for i in batches_of(epoch)[item]]
+            batch = tokenize_columns(rows)
+            batch["duplicates"] = L.text_ids([[e.texts[c] for e in rows] for c in range(columns)])
+            return batch
+    else:
+        train_items = examples
+        trainer_batch = batch_size
+
+        def collate(rows: list[Any], epoch: int) -> dict[str, torch.Tensor]:
+            batch = tokenize_columns(rows)
+            if data.shape == SCORED_PAIR:
+                batch["scores"] = torch.tensor([e.score for e in rows], dtype=torch.float32)
+            elif data.shape == LABELLED_PAIR:
+                batch["labels"] = torch.tensor([e.label for e in rows], dtype=torch.long)
+            return batch
+
+    steps_per_epoch = len(train_items) if mnrl_like else -(-len(train_items) // batch_size)
+    total_steps = max_steps or max(1, math.ceil(epochs * steps_per_epoch))
+    evaluate = None
+    metric = None
+    if valid is not None:
+        metric, evaluate = _validation(valid, loss, data.labels)
+    config = TrainingConfig(output_dir=str(out_dir), max_steps=total_steps, batch_size=trainer_batch,
+                            learning_rate=learning_rate, warmup_ratio=warmup_ratio, eval_every=eval_every,
+                            save_every=save_every, seed=seed, bf16=bf16, device=device, drop_last=False,
+                            time_budget_s=time_budget_s, show_progress=show_progress, metric_for_best=metric,
+                            save_final=True)
+    wrapper = EmbedderTraining(model, loss_module, loss, columns)
+    trainer = Trainer(wrapper, config, train_items, collate,
+                      evaluate=(lambda m: evaluate(m.model)) if evaluate else None, tokenizer=tokenizer)
+    result = trainer.train(resume=resume)
+    final_dir = Path(out_dir) / "final"
+    (final_dir / LOSS_HEAD_FILE).unlink(missing_ok=True)
+    best = Path(out_dir) / "best"
+    if best.is_dir():
+        (best / LOSS_HEAD_FILE).unlink(missing_ok=True)
+    return EmbedderResult(final_dir=final_dir, step=result["step"], best_metric=result["best_metric"],
+                          best_step=result["best_step"], metric=metric, history=result["history"])
+
+
+__all__ = ["EmbedderResult", "EmbedderTraining", "LOSSES", "train_embedder"]
