@@ -102,6 +102,11 @@ class TaskKind:
     name = ""
     model_task = ""
     main_metric = ""
+    greater_is_better = True  # the main metric's direction (a loss, such as the reranker's BCE, is lower-better)
+
+    def summary(self) -> dict[str, Any]:
+        """What the kind adds to eval_results.json."""
+        return {}
     default_max_length = 128
     default_epochs = 3.0
     default_group_by_length = True
@@ -481,7 +486,8 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
         warmup_ratio=recipe.warmup_ratio, schedule="linear", max_grad_norm=recipe.max_grad_norm, bf16=recipe.bf16,
         eval_every=eval_every, save_every=min(recipe.save_steps, eval_every), keep_last=2, seed=recipe.seed,
         show_progress=recipe.show_progress, group_by_length=recipe.group_by_length, drop_last=False,
-        metric_for_best=kind.main_metric, early_stopping_patience=recipe.early_stopping_patience, save_final=False)
+        metric_for_best=kind.main_metric, greater_is_better=kind.greater_is_better,
+        early_stopping_patience=recipe.early_stopping_patience, save_final=False)
     pad = tokenizer.pad_token_id
     setup.trainer = Trainer(task_model, train_config, train_features, lambda items, epoch: collate(items, pad),
                             evaluate=lambda current: setup.evaluate(current), tokenizer=tokenizer,
@@ -511,7 +517,7 @@ def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: s
         setup.model.save_pretrained(out_dir, tokenizer=setup.tokenizer)
         summary = {"task": kind.name, "metrics": scores, "best_step": best_step, "steps": outcome["step"],
                    "train_examples": len(setup.train_examples), "valid_examples": len(setup.valid_examples),
-                   "recipe": dataclasses.asdict(setup.recipe)}
+                   "recipe": dataclasses.asdict(setup.recipe), **kind.summary()}
         (out_dir / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     history = outcome["history"]
     rate = history[-1].get("examples_per_s", 0.0) if history else 0.0

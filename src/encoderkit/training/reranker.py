@@ -9,11 +9,7 @@ sentence-transformers' CrossEncoder load; CrossEncoder's default activation for 
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +19,7 @@ from ..data.tasks import ClassificationExample
 from ..embeddings.data import _rows, _text, training_format
 from ..errors import DataError, InputError
 from ..tokenizer import Tokenizer
-from .finetune import FinetuneResult, Recipe, TaskKind, prepare_finetune
+from .finetune import FinetuneResult, Recipe, TaskKind, _finetune
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +84,15 @@ class RerankKind(TaskKind):
     name = "rerank"
     model_task = "sequence-classification"
     main_metric = "bce"
+    greater_is_better = False
 
     def __init__(self, *, embedder: Any = None, negatives: int | None = None, mining: dict | None = None) -> None:
         super().__init__()
         self.embedder, self.negatives, self.mining = embedder, negatives, mining or {}
         self._mined_once = False
+
+    def summary(self) -> dict[str, Any]:
+        return {"mined_negatives": self.negatives}
 
     def read(self, path: Any, *, labelled: bool = True) -> list[ClassificationExample]:
         examples = read_rerank_file(path)
@@ -145,8 +145,6 @@ def train_reranker(model_dir: str | Path | None, train_file: str | Path, out_dir
     embedding model); ``mining``: mine_hard_negatives options (margin, range_min, range_max). ``recipe``: further
     ``Recipe`` fields (warmup_ratio, weight_decay, valid_fraction, ...).
     """
-    from ..modeling.models import load_weights
-
     if negatives is not None:
         if negatives < 1:
             raise InputError(f"--mine-negatives must be at least 1, found {negatives}")
@@ -156,30 +154,8 @@ def train_reranker(model_dir: str | Path | None, train_file: str | Path, out_dir
             from ..tasks.embed import Embedder
 
             embedder = Embedder.from_pretrained(embedder)
-    out_dir = Path(out_dir)
     kind = RerankKind(embedder=embedder, negatives=negatives, mining=mining)
     settings = Recipe(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, max_length=max_length,
                       seed=seed, show_progress=show_progress, **recipe)
-    setup = prepare_finetune(kind, train_file, out_dir, valid=valid_file, model=model_dir, recipe=settings)
-    trainer, training_dir = setup.trainer, out_dir / "training"
-    trainer.config.greater_is_better = False  # the validation BCE
-    if not resume and training_dir.exists():
-        shutil.rmtree(training_dir)
-    outcome = trainer.train(resume=resume)
-    best_dir = training_dir / "best"
-    if best_dir.is_dir():
-        load_weights(setup.model, best_dir)
-    best_step = outcome.get("best_step")
-    kept = next((r for r in reversed(outcome["history"]) if r.get("step") == best_step and "eval_bce" in r), None)
-    scores = ({k[5:]: v for k, v in kept.items() if k.startswith("eval_")} if kept else
-              {k[5:]: v for k, v in outcome["final"].items() if k.startswith("eval_")})
-    if trainer.is_main:
-        setup.model.save_pretrained(out_dir, tokenizer=setup.tokenizer)
-        summary = {"task": kind.name, "metrics": scores, "best_step": best_step, "steps": outcome["step"],
-                   "train_examples": len(setup.train_examples), "valid_examples": len(setup.valid_examples),
-                   "mined_negatives": negatives, "recipe": dataclasses.asdict(setup.recipe)}
-        (out_dir / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    history = outcome["history"]
-    rate = history[-1].get("examples_per_s", 0.0) if history else 0.0
-    return FinetuneResult(out_dir, kind.name, scores, best_step, outcome["step"], len(setup.train_examples),
-                          len(setup.valid_examples), rate, history)
+    return _finetune(kind, train_file, Path(out_dir), valid=valid_file, model=model_dir, recipe=settings,
+                     resume=resume)
