@@ -92,6 +92,33 @@ def test_embed_index_search_end_to_end(tmp_path: Path, capsys) -> None:
     assert hits[0]["score"] >= hits[1]["score"]
 
 
+def test_search_reranks_the_index_candidates(tmp_path: Path, minilm_dir: Path, capsys) -> None:
+    """search --rerank: the index's top candidates, reordered by the cross-encoder exactly as its own rank() does."""
+    from encoderkit.tasks.rerank import Reranker
+    from helpers import tiny_bert_dir
+
+    reranker = tiny_bert_dir(tmp_path / "reranker", minilm_dir, task="sequence-classification",
+                             id2label={0: "LABEL_0"})
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(DEMO_SENTENCES) + "\n", encoding="utf-8")
+    assert main(["embed", str(corpus), "--out", str(tmp_path / "docs.npy")]) == 0
+    assert main(["index", str(tmp_path / "docs.npy"), "--out", str(tmp_path / "idx"), "--texts", str(corpus)]) == 0
+    query = "feline resting near the glass"
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "idx"), query, "-k", "4", "--json"]) == 0
+    retrieved = json.loads(capsys.readouterr().out)
+    assert main(["search", str(tmp_path / "idx"), query, "-k", "2", "--candidates", "4", "--rerank", str(reranker),
+                 "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    want = Reranker.from_pretrained(reranker).rank(query, [h["text"] for h in retrieved], top_k=2)
+    assert [h["text"] for h in hits] == [retrieved[w["index"]]["text"] for w in want]
+    assert [h["score"] for h in hits] == pytest.approx([w["score"] for w in want], abs=1e-6)
+    assert {h["retrieval_score"] for h in hits} <= {h["score"] for h in retrieved}
+    assert main(["search", str(tmp_path / "idx"), query, "-k", "5", "--candidates", "3", "--rerank",
+                 str(reranker)]) == 2
+    assert "--candidates (3) must be at least -k (5)" in capsys.readouterr().err
+
+
 def test_search_missing_index(tmp_path: Path, capsys) -> None:
     assert main(["search", str(tmp_path), "query"]) == 2
     assert "not a saved index" in capsys.readouterr().err

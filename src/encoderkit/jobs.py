@@ -168,19 +168,25 @@ def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: 
     return index
 
 
-def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | Path | None = None) -> list[dict]:
+def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | Path | None = None,
+               rerank: str | Path | None = None, candidates: int = 20) -> list[dict]:
+    """The k nearest texts of a saved index. With ``rerank`` (a cross-encoder directory), the index's top
+    ``candidates`` are re-scored by the reranker and its top k returned: each hit keeps its retrieval score as
+    "retrieval_score", and "score" is the reranker's logit."""
     from .data.readers import iter_records
+    from .errors import InputError
     from .tasks.embed import Embedder
     from .tasks.search import VectorIndex
 
     index = VectorIndex.load(index_dir)
     embedder = Embedder.from_pretrained(model or index.info.get("model"))
     if embedder.dimension != index.dimension:
-        from .errors import InputError
-
         raise InputError(f"the model gives {embedder.dimension}-dim vectors but the index holds "
                          f"{index.dimension}-dim ones; pass the model the index was built with (--model)")
-    result = index.search(embedder.encode([query]), k)
+    if rerank is not None and candidates < k:
+        raise InputError(f"--candidates ({candidates}) must be at least -k ({k}): the reranker reorders the index's "
+                         "top candidates")
+    result = index.search(embedder.encode([query]), candidates if rerank is not None else k)
     hits = [{"rank": rank + 1, "score": float(score), "id": index.ids[row], "row": int(row)}
             for rank, (score, row) in enumerate(zip(result.scores[0], result.indices[0])) if row >= 0]
     texts_path = index.info.get("texts")
@@ -189,4 +195,12 @@ def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | P
         for row, record in enumerate(iter_records(texts_path)):
             if row in wanted:
                 wanted[row]["text"] = record.text
-    return hits
+    if rerank is None:
+        return hits
+    if any("text" not in hit for hit in hits):
+        raise InputError(f"reranking needs the indexed texts, and {index_dir} has none: build the index with --texts")
+    from .tasks.rerank import Reranker
+
+    ranked = Reranker.from_pretrained(rerank).rank(query, [hit["text"] for hit in hits], top_k=k)
+    return [{**hits[entry["index"]], "rank": rank + 1, "retrieval_score": hits[entry["index"]]["score"],
+             "score": entry["score"]} for rank, entry in enumerate(ranked)]

@@ -116,11 +116,15 @@ def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metr
 @top_k_option(10, dest="k")
 @model_option("model for the query (default: the one recorded in the index)")
 @json_option()
-def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool) -> None:
-    """Find the nearest texts to QUERY in a saved index."""
+@click.option("--rerank", "rerank_model", default=None,
+              help="a cross-encoder (encoderkit train-reranker) that re-scores the index's top --candidates")
+@click.option("--candidates", type=int, default=20, show_default=True, help="with --rerank: hits to re-score")
+def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool, rerank_model: str | None,
+           candidates: int) -> None:
+    """Find the nearest texts to QUERY in a saved index (optionally reranked by a cross-encoder)."""
     from ..jobs import search_job
 
-    hits = search_job(index_dir, query, k=k, model=model)
+    hits = search_job(index_dir, query, k=k, model=model, rerank=rerank_model, candidates=candidates)
     if as_json:
         click.echo(json.dumps(hits, indent=2, ensure_ascii=False))
         return
