@@ -62,10 +62,6 @@ class Precision:
     dtype: torch.dtype
     token_budget: int
 
-    @property
-    def name(self) -> str:
-        return "bf16" if self.dtype == torch.bfloat16 else "fp32"
-
     @classmethod
     def resolve(cls, dtype: str | torch.dtype = "fp32", purpose: str = "task", token_budget: int | None = None,
                 at_least: int = 0) -> "Precision":

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError, ConfigError, InputError
+from .modeling.packing import POOLING
 
 # encoderkit's pooling name -> (sentence-transformers 2-5 flag, sentence-transformers 6 ``pooling_mode``).
 # In sentence-transformers' order: the order a version-5 config lists its flags in.
@@ -35,7 +36,8 @@ _ST_POOLING = {
     "weightedmean": ("pooling_mode_weightedmean_tokens", "weightedmean"),
 }
 _UNSUPPORTED_FLAGS = {"pooling_mode_lasttoken": "lasttoken"}  # a decoder's pooling; written as false
-POOLING_MODES = tuple(_ST_POOLING)
+POOLING_MODES = POOLING  # the modes encoderkit pools by (modeling.packing); each has its sentence-transformers flag
+assert set(_ST_POOLING) == set(POOLING_MODES)
 
 POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"

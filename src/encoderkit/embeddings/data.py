@@ -151,7 +151,7 @@ def training_format(path: Path, fmt: str | None = None) -> str:
     return fmt
 
 
-def _rows(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
+def table_rows(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
     """(line number, {column: value}) for each record; the first item is (1, header-as-dict) for TSV/CSV."""
     if fmt == "jsonl":
         yield from json_objects(path)
@@ -174,7 +174,7 @@ def _rows(path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
         yield reader.line_num, dict(zip(header, row))
 
 
-def _text(path: Path, number: int, obj: Mapping, column: str) -> str:
+def column_text(path: Path, number: int, obj: Mapping, column: str) -> str:
     if column not in obj:
         raise DataError(f"{path}:{number}: no {column!r} field; every line needs the same columns as the first")
     value = obj[column]
@@ -216,7 +216,7 @@ def read_training_file(path: str | Path, *, loss: str | None = None, shape: str 
     fmt = training_format(path, fmt)
     if shape is not None and shape not in SHAPES:
         raise InputError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
-    rows = _rows(path, fmt)
+    rows = table_rows(path, fmt)
     first = next(rows, None)
     if first is None:
         raise DataError(f"{path} is empty; give a header line ({'; or '.join(SHAPE_HELP.values())}) and examples")
@@ -240,12 +240,12 @@ def read_training_file(path: str | Path, *, loss: str | None = None, shape: str 
     raw_labels: list[tuple[int, str]] = []
     for number, obj in records:
         if shape == ANCHOR_POSITIVE:
-            examples.append(AnchorPositive(_text(path, number, obj, "anchor"), _text(path, number, obj, "positive"),
-                                           tuple(_text(path, number, obj, c) for c in negatives)))
+            examples.append(AnchorPositive(column_text(path, number, obj, "anchor"), column_text(path, number, obj, "positive"),
+                                           tuple(column_text(path, number, obj, c) for c in negatives)))
         elif shape == SCORED_PAIR:
             if "score" not in obj:
                 raise DataError(f"{path}:{number}: no 'score' field; every line needs {SHAPE_HELP[shape]}")
-            examples.append(ScoredPair(_text(path, number, obj, "sentence1"), _text(path, number, obj, "sentence2"),
+            examples.append(ScoredPair(column_text(path, number, obj, "sentence1"), column_text(path, number, obj, "sentence2"),
                                        _score(path, number, obj["score"], loss)))
         else:
             if "label" not in obj or obj["label"] is None or not str(obj["label"]).strip():
@@ -256,7 +256,7 @@ def read_training_file(path: str | Path, *, loss: str | None = None, shape: str 
                                 f"{', '.join(sorted(labels))}); fix the label or add examples of it to the training "
                                 "file")
             raw_labels.append((number, label))
-            examples.append(LabelledPair(_text(path, number, obj, "premise"), _text(path, number, obj, "hypothesis"),
+            examples.append(LabelledPair(column_text(path, number, obj, "premise"), column_text(path, number, obj, "hypothesis"),
                                          -1))
     if not examples:
         raise DataError(f"{path} holds a header but no examples; add lines of {SHAPE_HELP[shape]}")

@@ -15,6 +15,7 @@ from ..errors import ConfigError, InputError
 from .embeddings import init_weights
 from .encoder import EncoderModel, EncoderOutput
 from .crf import CRF, word_emissions
+from .packing import pool_padded
 from .heads import (
     MaskedLMHead,
     ReplacedTokenHead,
@@ -188,20 +189,10 @@ class EncoderForSequenceClassification(_TaskModel):
                 output_hidden_states=False, output_attentions=False) -> TaskOutput:
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
                            output_attentions)
-        logits = self.classifier(summarize(out.last_hidden_state, attention_mask, self.classifier.pooling),
+        logits = self.classifier(pool_padded(out.last_hidden_state, attention_mask, self.classifier.pooling),
                                  out.pooler_output)
         loss = None if labels is None else classification_loss(logits, labels, self.config.problem_type)
         return self._output(out, logits=logits, loss=loss)
-
-
-def summarize(hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
-    """A padded batch's (batch, hidden) summary for a classifier: the [CLS] states, or the mean of real tokens."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    if attention_mask is None:
-        return hidden.mean(dim=1)
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1)
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: str | None) -> torch.Tensor:
@@ -351,7 +342,7 @@ class EncoderForMultiTask(_TaskModel):
                 labels=None, output_hidden_states=False, output_attentions=False) -> TaskOutput:
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
                            output_attentions)
-        logits = {name: head(summarize(out.last_hidden_state, attention_mask, head.pooling), out.pooler_output)
+        logits = {name: head(pool_padded(out.last_hidden_state, attention_mask, head.pooling), out.pooler_output)
                   for name, head in self.heads.items()}
         loss = None
         if labels is not None:

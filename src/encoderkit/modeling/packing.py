@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import InputError
+
 
 def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """An additive key mask of shape (batch, 1, 1, keys): 0 for real tokens, the dtype's minimum for padding.
@@ -91,8 +93,7 @@ class AttentionGroup:
     def grid(self, rows: torch.Tensor) -> torch.Tensor:
         """(tokens, ...) -> (count, length, ...): the group's sequences, padded."""
         if self.gather is None:
-            picked = rows if self.start == 0 and rows.shape[0] == self.count * self.length else \
-                rows[self.start:self.start + self.count * self.length]
+            picked = rows[self.start:self.start + self.count * self.length]  # a view
         else:
             picked = rows.index_select(0, self.gather)
         return picked.view(self.count, self.length, *rows.shape[1:])
@@ -124,10 +125,6 @@ class Packing:
     @property
     def num_sequences(self) -> int:
         return int(self.lengths.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.positions.shape[0])
 
     @property
     def in_row_order(self) -> bool:
@@ -241,6 +238,28 @@ class Packing:
         return states.index_select(0, self.cu_seqlens[:-1])
 
 
+POOLING = ("mean", "cls", "max", "weightedmean", "mean_sqrt_len")
+
+
+def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """Reduce padded (batch, length, dim) token states to (batch, dim), ignoring padding (None: none)."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if attention_mask is None:
+        attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+    if mode == "weightedmean":  # later positions weigh more (SGPT)
+        weights = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
+        mask = mask * weights[None, :, None]
+    if mode in ("mean", "weightedmean", "mean_sqrt_len"):
+        summed = (hidden * mask).sum(dim=1)
+        counts = mask.sum(dim=1).clamp(min=1e-9)
+        return summed / (counts.sqrt() if mode == "mean_sqrt_len" else counts)
+    raise InputError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLING)}")
+
+
 def pool_packed(hidden: torch.Tensor, packing: Packing, mode: str) -> torch.Tensor:
     """Pool packed token states per sequence: mean / cls / max / weightedmean / mean_sqrt_len."""
     size = (packing.num_sequences, hidden.shape[1])
@@ -279,4 +298,4 @@ def plan_batches(lengths: list[int] | np.ndarray, token_budget: int, max_batch_s
 
 
 __all__ = ["AttentionGroup", "GROUP_OVERHEAD", "Packing", "combine_biases", "length_groups", "padding_bias",
-           "plan_batches", "pool_packed"]
+           "plan_batches", "pool_packed", "pool_padded"]

@@ -21,29 +21,13 @@ from ..hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..engine import engine_for
 from ..modeling.packing import pool_packed
+from ..modeling.packing import pool_padded as pool  # noqa: F401 (encoderkit.tasks.embed.pool, the padded pooling)
 from ..st_format import POOLING_MODES
 from ..tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 LONG_TEXT_MODES = ("truncate", "window")
-
-
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reduce padded (batch, length, dim) token states to (batch, dim), ignoring padding."""
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "max":
-        return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
-    if mode == "weightedmean":  # later positions weigh more (SGPT)
-        weights = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
-        mask = mask * weights[None, :, None]
-    if mode in ("mean", "weightedmean", "mean_sqrt_len"):
-        summed = (hidden * mask).sum(dim=1)
-        counts = mask.sum(dim=1).clamp(min=1e-9)
-        return summed / (counts.sqrt() if mode == "mean_sqrt_len" else counts)
-    raise InputError(f"unknown pooling {mode!r}; choose one of {', '.join(POOLING_MODES)}")
 
 
 class Embedder:

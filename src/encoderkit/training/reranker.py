@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..data.tasks import ClassificationExample
-from ..embeddings.data import _rows, _text, training_format
+from ..embeddings.data import column_text, table_rows, training_format
 from ..errors import DataError, InputError
 from ..tokenizer import Tokenizer
 from .finetune import FinetuneResult, Recipe, TaskKind, _finetune
@@ -32,7 +32,7 @@ def read_rerank_file(path: str | Path) -> list[ClassificationExample]:
     if not path.is_file():
         raise DataError(f"training file {path} does not exist")
     fmt = training_format(path)
-    rows = _rows(path, fmt)
+    rows = table_rows(path, fmt)
     first = next(rows, None)
     if first is None:
         raise DataError(f"{path} is empty; give a header line (query, passage, label) and examples")
@@ -54,7 +54,7 @@ def read_rerank_file(path: str | Path) -> list[ClassificationExample]:
         if not 0.0 <= label <= 1.0:  # also rejects NaN
             raise DataError(f"{path}:{number}: label {label:g} lies outside [0, 1]; a reranker's labels are 0/1 or "
                             "relevance probabilities")
-        examples.append(ClassificationExample(_text(path, number, obj, "query"), _text(path, number, obj, "passage"),
+        examples.append(ClassificationExample(column_text(path, number, obj, "query"), column_text(path, number, obj, "passage"),
                                               label, number))
     if not examples:
         raise DataError(f"{path} holds a header but no examples; add query, passage, label lines")
