@@ -34,7 +34,6 @@ for that (outputs equal within 1e-5, tested).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import tempfile
@@ -45,6 +44,7 @@ from typing import Any
 import torch
 
 from common import RESULTS, SHARED, machine, require, sst2_rows, write_result, write_tsv
+from turns import Contender, TrainerPlayer, serve_player, take_turns, transformers_turns
 
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
              adam_eps=1e-8, seed=42, epochs=1)
@@ -62,158 +62,40 @@ ABLATIONS = ("transformers-masked",)  # run only when named in --contenders
 KNOWN = CONTENDERS + ABLATIONS
 
 
-class EncoderkitContender:
-    def __init__(self, name: str, setup) -> None:
-        self.name, self.setup, self.trainer = name, setup, setup.trainer
-        self.seconds, self.examples = 0.0, 0
-        self.trainer.begin(resume=False)
-
-    @property
-    def done(self) -> bool:
-        return self.trainer.step >= self.trainer.config.max_steps
-
-    def run(self, steps: int) -> None:
-        for _ in range(steps):
-            if self.done:
-                return
-            started = time.perf_counter()
-            record = self.trainer.train_step()
-            self.seconds += time.perf_counter() - started
-            self.examples += record["examples"]
-
-    def model(self):
-        return self.trainer.model.eval()
-
-
 # ---------------------------------------------------------------------------------------------
 # One process a contender: each trains on its own main thread with its own random stream and thread pool,
 # and the parent hands the turns over through a pipe (only one contender computes at a time).
 # ---------------------------------------------------------------------------------------------
-def _contender_main(task: str, name: str, seed: int, threads: int, epochs: float, conn) -> None:
+def _contender_main(conn, task: str, name: str, seed: int, threads: int, epochs: float) -> None:
     import logging
-    import traceback
 
     torch.set_num_threads(threads)
     logging.basicConfig(level=logging.WARNING)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            work = Path(tmp)
-            setup = prepare(task, work / "ek", group_by_length=name != "encoderkit-random", seed=seed,
-                            bf16=name == "encoderkit-bf16", epochs=epochs)
-            info = {"train_examples": len(setup.train_examples), "train_features": len(setup.train_features),
-                    "valid_examples": len(setup.valid_examples), "steps": setup.trainer.config.max_steps,
-                    "main_metric": setup.kind.main_metric}
-            if name.startswith("encoderkit"):
-                player = EncoderkitContender(name, setup)
-                conn.send(("ready", info))
-                while True:
-                    command, steps = conn.recv()
-                    if command == "evaluate":
-                        break
-                    player.run(steps)
-                    _give_back_memory()
-                    conn.send(("turn", (player.done, player.seconds, player.examples)))
-                quality = setup.evaluate(player.model(), dtype="fp32")
-            else:
-                sampling = "group_by_length" if name.endswith("grouped") else "random"
-                trainer, count, tokenizer = hf_trainer(task, setup, sampling, work / name,
-                                                       masked=name.endswith("masked"))
-                conn.send(("ready", info))
-                turns = _transformers_turns(trainer, conn)
-                turns.wait()
-                trainer.train()
-                turns.finish(min(trainer.state.global_step * trainer.args.per_device_train_batch_size,
-                                 round(count * epochs)))
-                conn.recv()  # evaluate
-                quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / (name + "-out"))
-            conn.send(("quality", quality))
-    except BaseException:  # the parent reports it and stops the other contenders
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-@functools.cache
-def _malloc_trim():
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def _give_back_memory() -> None:
-    """Return freed heap to the system between turns: idle contenders would otherwise each keep their peak
-    (glibc keeps freed activations), and five SQuAD contenders then overrun 24 GiB."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-def _transformers_turns(trainer, conn):
-    """A callback that gives the turn back to the parent after every ``steps`` optimizer steps of the Trainer."""
-    import transformers
-
-    class Turns(transformers.TrainerCallback):
-        budget, started, seconds = 0, 0.0, 0.0
-
-        def wait(self) -> None:
-            command, self.budget = conn.recv()
-            if command != "run":
-                raise RuntimeError(f"the Trainer was told {command!r} before it finished its epoch")
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.budget -= 1
-            if self.budget <= 0:
-                self.seconds += time.perf_counter() - self.started
-                _give_back_memory()
-                conn.send(("turn", (False, self.seconds, state.global_step * args.per_device_train_batch_size)))
-                self.wait()
-
-        def finish(self, examples: int) -> None:
-            self.seconds += time.perf_counter() - self.started
-            conn.send(("turn", (True, self.seconds, examples)))
-
-    turns = Turns()
-    trainer.add_callback(turns)
-    return turns
-
-
-class Contender:
-    """The parent's handle on a contender's process."""
-
-    def __init__(self, context, task: str, name: str, seed: int, threads: int, epochs: float) -> None:
-        self.name = name
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_contender_main, args=(task, name, seed, threads, epochs, child), daemon=True)
-        self.process.start()
-        child.close()
-        self.done, self.seconds, self.examples = False, 0.0, 0
-        self.info = self._receive("ready")
-
-    def _receive(self, expected: str):
-        try:
-            kind, value = self.conn.recv()
-        except EOFError:
-            raise SystemExit(f"{self.name}: its process ended without a word (exit code {self.process.exitcode})")
-        if kind == "error":
-            raise SystemExit(f"{self.name} failed:\n{value}")
-        assert kind == expected, (kind, expected)
-        return value
-
-    def run(self, steps: int) -> None:
-        if not self.done:
-            self.conn.send(("run", steps))
-            self.done, self.seconds, self.examples = self._receive("turn")
-
-    def quality(self) -> dict[str, float]:
-        self.conn.send(("evaluate", 0))
-        value = self._receive("quality")
-        self.process.join()
-        return value
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        setup = prepare(task, work / "ek", group_by_length=name != "encoderkit-random", seed=seed,
+                        bf16=name == "encoderkit-bf16", epochs=epochs)
+        info = {"train_examples": len(setup.train_examples), "train_features": len(setup.train_features),
+                "valid_examples": len(setup.valid_examples), "steps": setup.trainer.config.max_steps,
+                "main_metric": setup.kind.main_metric}
+        if name.startswith("encoderkit"):
+            player = TrainerPlayer(setup.trainer)
+            conn.send(("ready", info))
+            serve_player(conn, player)
+            quality = setup.evaluate(player.trainer.model.eval(), dtype="fp32")
+        else:
+            sampling = "group_by_length" if name.endswith("grouped") else "random"
+            trainer, count, tokenizer = hf_trainer(task, setup, sampling, work / name,
+                                                   masked=name.endswith("masked"))
+            conn.send(("ready", info))
+            turns = transformers_turns(trainer, conn)
+            turns.wait()
+            trainer.train()
+            turns.finish(min(trainer.state.global_step * trainer.args.per_device_train_batch_size,
+                             round(count * epochs)))
+            conn.recv()  # evaluate
+            quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / (name + "-out"))
+        conn.send(("quality", quality))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +234,7 @@ def probe_emulated_bf16(task: str, work: Path, steps: int = 3) -> str:
     """Without native bf16 units, bf16 products are emulated: a whole epoch would take hours. Time a few
     steps instead, to report the measured cost next to fp32's."""
     setup = prepare(task, work, group_by_length=True, bf16=True)
-    player = EncoderkitContender("encoderkit-bf16", setup)
+    player = TrainerPlayer(setup.trainer)
     player.run(1)  # warm-up
     player.seconds, player.examples = 0.0, 0
     player.run(steps)
@@ -373,18 +255,12 @@ def run_task(task: str, contenders: list[str], chunk: int, seed: int = HYPER["se
             with tempfile.TemporaryDirectory() as tmp:
                 notes[name] = probe_emulated_bf16(task, Path(tmp))
             continue
-        players.append(Contender(context, task, name, seed, threads, epochs))  # set-up runs one process at a time
+        players.append(Contender(context, name, _contender_main, task, name, seed, threads, epochs))  # set-up runs one process at a time
     info = players[0].info
     print(f"{task}: {info['train_examples']:,} training examples ({info['train_features']:,} features), "
           f"{info['valid_examples']:,} validation; {info['steps']} steps per contender; turns of {chunk} steps; "
           "one process a contender")
-    turn = 0
-    while not all(p.done for p in players):
-        for player in players:
-            player.run(chunk)
-        turn += 1
-        if turn % 10 == 0:
-            print("  " + ", ".join(f"{p.name} {p.seconds:,.0f} s" for p in players), flush=True)
+    take_turns(players, chunk)
     rows = []
     for player in players:  # one at a time too
         quality = player.quality()

@@ -205,9 +205,13 @@ def search_top_k(query_vectors: np.ndarray, corpus_vectors: Iterable[np.ndarray]
 def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str, str],
                        qrels: Mapping[str, Mapping[str, float] | Iterable[str]], *,
                        ks: Mapping[str, Iterable[int]] | None = None, batch_size: int = 512,
-                       corpus_chunk_size: int = 16384) -> dict[str, float]:
+                       corpus_chunk_size: int = 16384, reranker=None, rerank_top: int = 20) -> dict[str, float]:
     """Embed queries and corpus (normalised: cosine similarity), search exactly, and score with
     ``retrieval_metrics``. The corpus is embedded and searched ``corpus_chunk_size`` documents at a time.
+
+    With a ``reranker`` (``encoderkit.tasks.rerank.Reranker``), each query's top ``rerank_top`` documents are
+    re-ordered by the cross-encoder's scores (retrieve, then rerank); the documents below them keep the
+    bi-encoder's order.
 
     Only queries with a relevant document in ``qrels`` are embedded and evaluated (as sentence-transformers does).
     """
@@ -228,9 +232,32 @@ def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str
             texts = [corpus[doc] for doc in corpus_ids[start:start + corpus_chunk_size]]
             yield embedder.encode(texts, batch_size=batch_size, normalize=True)
 
-    hits = search_top_k(query_vectors, corpus_chunks(), corpus_ids, max_k)
+    hits = search_top_k(query_vectors, corpus_chunks(), corpus_ids, max(max_k, rerank_top if reranker else 0))
     rankings = {qid: [doc for doc, _ in found] for qid, found in zip(query_ids, hits)}
+    if reranker is not None:
+        rankings = rerank_rankings(reranker, queries, corpus, rankings, rerank_top)
     return retrieval_metrics(rankings, {qid: qrels[qid] for qid in query_ids}, ks)
+
+
+def rerank_rankings(reranker, queries: Mapping[str, str], corpus: Mapping[str, str],
+                    rankings: Mapping[str, Sequence[str]], top: int) -> dict[str, list[str]]:
+    """Each query's first ``top`` documents re-ordered by the cross-encoder's logits (ties keep the retrieval
+    order); the rest keep their places. All (query, document) pairs go through the engine in one call."""
+    if top < 1:
+        raise InputError(f"the number of candidates to rerank must be at least 1, found {top}")
+    pairs = [(qid, doc) for qid, ranking in rankings.items() for doc in ranking[:top]]
+    if not pairs:
+        return {qid: list(ranking) for qid, ranking in rankings.items()}
+    logits = reranker.logits([queries[qid] for qid, _ in pairs], [corpus[doc] for _, doc in pairs])[:, 0]
+    reranked: dict[str, list[str]] = {}
+    position = 0
+    for qid, ranking in rankings.items():
+        head = list(ranking[:top])
+        values = logits[position:position + len(head)]
+        position += len(head)
+        order = np.argsort(-values, kind="stable")
+        reranked[qid] = [head[i] for i in order] + list(ranking[top:])
+    return reranked
 
 
 # ---------------------------------------------------------------------------------------------------- STS, triplets

@@ -209,19 +209,18 @@ class SelfAttention(nn.Module):
         in_place = packing.in_row_order
         rows = qkv.new_empty(qkv.shape[0], hidden) if in_place else None
         outputs, probs = [], None
-        for group in packing.groups:
-            grid = group.grid(qkv).view(group.count, group.length, 3, self.num_heads, self.head_dim)
+        for group, grid in zip(packing.groups, packing.to_grids(qkv)):
+            grid = grid.view(group.count, group.length, 3, self.num_heads, self.head_dim)
             q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each (count, heads, length, head_dim)
             out, probs = self.attend_grid(q, k, v, group, context)
             out = out.transpose(1, 2)
             if in_place:
-                size = group.count * group.length
-                rows[group.start:group.start + size].view(group.count, group.length, self.num_heads,
-                                                          self.head_dim).copy_(out)
+                rows[group.start:group.start + group.slots].view(group.count, group.length, self.num_heads,
+                                                                 self.head_dim).copy_(out)
             else:
-                outputs.append(group.ungrid(out.reshape(group.count, group.length, hidden)))
+                outputs.append(out.reshape(group.count, group.length, hidden))
         if not in_place:
-            rows = packing.gather_groups(outputs) if outputs else x.new_zeros(0, hidden)
+            rows = packing.from_grids(outputs) if outputs else x.new_zeros(0, hidden)
         return self.output(rows), probs
 
     def attend_grid(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,

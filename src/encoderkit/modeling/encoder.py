@@ -157,11 +157,10 @@ class ConvBeside(nn.Module):
 
     def forward(self, embedded: torch.Tensor, layer_output: torch.Tensor, packing: Packing) -> torch.Tensor:
         outputs = []
-        for group in packing.groups:
-            grid = packing.zero_padding(group.grid(embedded), group)  # (count, length, hidden)
-            out = packing.zero_padding(self.conv(grid.transpose(1, 2)).transpose(1, 2), group)
-            outputs.append(group.ungrid(out))
-        out = self.activation(self.dropout(packing.gather_groups(outputs)))
+        for group, grid in zip(packing.groups, packing.to_grids(embedded)):
+            grid = packing.zero_padding(grid, group)  # (count, length, hidden)
+            outputs.append(packing.zero_padding(self.conv(grid.transpose(1, 2)).transpose(1, 2), group))
+        out = self.activation(self.dropout(packing.from_grids(outputs)))
         return self.norm(layer_output + out)
 
 

@@ -77,31 +77,44 @@ def length_groups(lengths: np.ndarray, overhead: float | None = None) -> list[np
     return [order[start:end] for start, end in reversed(bounds)]
 
 
+class _GatherRows(torch.autograd.Function):
+    """``source.index_select(0, index)`` whose backward is a gather too, not a scatter-add.
+
+    ``inverse[i]`` is the output row that carries source row ``i`` (each source row is carried by exactly one
+    output row that receives gradient), or ``len(output)`` when none does. The gradients of the other output
+    rows must be zero: attention's padding slots are masked keys whose outputs are dropped, so theirs are.
+    torch's own backward of ``index_select`` adds into a zero tensor the size of the source, once per call and
+    single-threaded; with a batch in many length groups that was most of a training step."""
+
+    @staticmethod
+    def forward(ctx, source: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        return source.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        with_zero = torch.cat([grad, grad.new_zeros(1, *grad.shape[1:])])
+        return with_zero.index_select(0, inverse), None, None
+
+
 @dataclass
 class AttentionGroup:
     """Sequences attended together, padded to the longest of them: a (count, length) grid of token slots."""
 
-    gather: torch.Tensor | None  # (count * length,) the token row in each slot (padding slots repeat a real
-    #                              row); None: the rows are the grid already, in order
-    real: torch.Tensor | None  # (the group's tokens,) the slots that hold real tokens; None when none is padding
     count: int
     length: int
     key_mask: torch.Tensor | None  # (count, length) bool, True for real tokens; None when none is padding
     bias: torch.Tensor | None  # (count or 1, 1 or heads, length or 1, length) additive mask; None: nothing masked
-    start: int = 0  # with ``gather`` None: the group is rows start .. start + count * length, a view, no copy
+    start: int = 0  # the group's first slot in the concatenated grids (= its first row when rows are the grids)
+
+    @property
+    def slots(self) -> int:
+        return self.count * self.length
 
     def grid(self, rows: torch.Tensor) -> torch.Tensor:
-        """(tokens, ...) -> (count, length, ...): the group's sequences, padded."""
-        if self.gather is None:
-            picked = rows[self.start:self.start + self.count * self.length]  # a view
-        else:
-            picked = rows.index_select(0, self.gather)
-        return picked.view(self.count, self.length, *rows.shape[1:])
-
-    def ungrid(self, grid: torch.Tensor) -> torch.Tensor:
-        """(count, length, ...) -> (the group's real tokens, ...)."""
-        flat = grid.reshape(self.count * self.length, *grid.shape[2:])
-        return flat if self.real is None else flat.index_select(0, self.real)
+        """(slots, ...) -> (count, length, ...): the group's part of rows laid out as its grids (a view)."""
+        return rows[self.start:self.start + self.slots].view(self.count, self.length, *rows.shape[1:])
 
 
 @dataclass
@@ -116,7 +129,12 @@ class Packing:
     positions: torch.Tensor  # (tokens,) each token's position in its sequence
     sequence_index: torch.Tensor  # (tokens,) which sequence each token belongs to
     groups: list[AttentionGroup]
-    restore: torch.Tensor | None  # (tokens,) each token's row in the groups' concatenated outputs; None: same row
+    # The groups' grids concatenated are the "slots". None when the rows are the slots already (the engine's
+    # sorted runs, the padded grid); otherwise (slots,) the row in each slot (a padding slot repeats its
+    # sequence's first row), (tokens,) each row's real slot, and (slots,) each slot's row or ``tokens`` for padding.
+    slot_rows: torch.Tensor | None
+    row_slots: torch.Tensor | None = None
+    slot_rows_or_pad: torch.Tensor | None = None
     indices: torch.Tensor | None = None  # (tokens,) positions of the tokens in the flattened padded grid
     batch: int = 0
     length: int = 0
@@ -130,8 +148,7 @@ class Packing:
     def in_row_order(self) -> bool:
         """Every group is a contiguous, unpadded run of rows and the groups come in row order: outputs can be
         written into place, with no gathering."""
-        return self.restore is None and not self.padded and all(g.gather is None and g.real is None
-                                                                for g in self.groups)
+        return self.slot_rows is None and not self.padded
 
     @property
     def max_length(self) -> int:
@@ -152,10 +169,11 @@ class Packing:
         if overhead == 0 and len(lengths) and lengths.min() > 0 and bool((np.diff(lengths) <= 0).all()):
             # The engine's case: sorted longest first, one group per run of equal lengths, each a view of rows.
             cuts = np.concatenate([[0], np.flatnonzero(np.diff(lengths)) + 1, [len(lengths)]])
-            groups = [AttentionGroup(None, None, int(end - begin), int(lengths[begin]), None, None, int(starts[begin]))
+            groups = [AttentionGroup(int(end - begin), int(lengths[begin]), None, None, int(starts[begin]))
                       for begin, end in zip(cuts[:-1], cuts[1:])]
             return cls(*tables, groups, None)
-        groups, placed = [], []
+        groups, slot_rows, real_slots = [], [], []
+        start = 0
         nonempty = np.flatnonzero(lengths)  # an all-padding row has no token to attend with
         for members in (nonempty[group] for group in length_groups(lengths[nonempty], overhead)):
             longest = int(lengths[members[0]])  # groups come sorted longest first
@@ -163,22 +181,20 @@ class Packing:
             grid_real = within[None, :] < lengths[members][:, None]  # (count, longest)
             # Padding slots point at the sequence's first token: finite values, masked as keys, outputs unused.
             rows = starts[members][:, None] + np.where(grid_real, within[None, :], 0)
-            padded = not bool(grid_real.all())
-            key_mask = torch.as_tensor(grid_real, device=device) if padded else None
-            real = torch.as_tensor(np.flatnonzero(grid_real), device=device) if padded else None
-            flat = rows.reshape(-1)
-            contiguous = not padded and bool((np.diff(flat) == 1).all())  # e.g. a run of equal, sorted lengths
-            groups.append(AttentionGroup(None if contiguous else torch.as_tensor(flat, device=device), real,
-                                         len(members), longest, key_mask, padding_bias(key_mask, mask_dtype),
-                                         int(flat[0]) if contiguous else 0))
-            placed.append(rows[grid_real])
-        order = np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)  # the rows as groups return them
-        restore = None
-        if not np.array_equal(order, np.arange(len(order))):  # e.g. length-sorted batches come back in order
-            restore = np.empty_like(order)
-            restore[order] = np.arange(len(order))
-            restore = torch.as_tensor(restore, device=device)
-        return cls(*tables, groups, restore)
+            key_mask = None if bool(grid_real.all()) else torch.as_tensor(grid_real, device=device)
+            groups.append(AttentionGroup(len(members), longest, key_mask, padding_bias(key_mask, mask_dtype), start))
+            slot_rows.append(rows.reshape(-1))
+            real_slots.append(start + np.flatnonzero(grid_real))
+            start += rows.size
+        slots = np.concatenate(slot_rows) if slot_rows else np.zeros(0, dtype=np.int64)
+        real = np.concatenate(real_slots) if real_slots else np.zeros(0, dtype=np.int64)
+        if len(slots) == total and np.array_equal(slots, np.arange(total)):  # the rows are the slots already
+            return cls(*tables, groups, None)
+        row_slots = np.empty(total, dtype=np.int64)
+        row_slots[slots[real]] = real
+        slot_rows_or_pad = np.full(len(slots), total, dtype=np.int64)
+        slot_rows_or_pad[real] = slots[real]
+        return cls(*tables, groups, as_tensor(slots), as_tensor(row_slots), as_tensor(slot_rows_or_pad))
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, dtype: torch.dtype, overhead: float | None = None) -> "Packing":
@@ -200,7 +216,7 @@ class Packing:
         mask = attention_mask.to(torch.bool)
         key_mask = None if bool(mask.all()) else mask
         bias = combine_biases(padding_bias(attention_mask, dtype), extra_bias)
-        group = AttentionGroup(None, None, batch, length, key_mask, bias)
+        group = AttentionGroup(batch, length, key_mask, bias)
         lengths = mask.sum(1)
         positions = torch.arange(length, device=mask.device).repeat(batch)
         return cls(lengths, torch.arange(batch + 1, device=mask.device) * length, positions,
@@ -220,12 +236,22 @@ class Packing:
         grid = tokens.new_zeros(self.batch * self.length, *tokens.shape[1:])
         return grid.index_copy(0, self.indices, tokens).view(self.batch, self.length, *tokens.shape[1:])
 
-    def gather_groups(self, outputs: list[torch.Tensor]) -> torch.Tensor:
-        """The groups' outputs (each (its real tokens, ...)) back in row order."""
-        if not outputs:
+    def to_grids(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """(tokens, ...) -> each group's (count, length, ...) grid: one gather for all groups (none when the rows
+        are the slots already), whose backward is a gather as well (``_GatherRows``)."""
+        if self.slot_rows is not None:
+            rows = _GatherRows.apply(rows, self.slot_rows, self.row_slots)
+        return [group.grid(rows) for group in self.groups]
+
+    def from_grids(self, grids: list[torch.Tensor]) -> torch.Tensor:
+        """Each group's (count, length, ...) grid -> (tokens, ...) in row order; padding slots dropped."""
+        if not grids:
             raise ValueError("a batch without a single real token")
-        joined = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-        return joined if self.restore is None else joined.index_select(0, self.restore)
+        flat = [grid.reshape(group.slots, *grid.shape[2:]) for grid, group in zip(grids, self.groups)]
+        joined = flat[0] if len(flat) == 1 else torch.cat(flat)
+        if self.slot_rows is None:
+            return joined
+        return _GatherRows.apply(joined, self.row_slots, self.slot_rows_or_pad)
 
     def zero_padding(self, grid: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
         """A group's (count, length, ...) grid with its padding slots set to zero."""

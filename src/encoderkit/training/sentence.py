@@ -165,18 +165,26 @@ class EmbedderResult:
     history: list[dict[str, Any]]
 
 
-def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path, *, loss: str = "mnrl",
-                   epochs: float = 1, batch_size: int = 32, learning_rate: float = 2e-5, warmup_ratio: float = 0.1,
-                   matryoshka_dims: Sequence[int] | None = None, valid: str | Path | None = None, seed: int = 42,
-                   max_length: int | None = None, mini_batch_size: int = 32, pooling: str | None = None,
-                   normalize: bool | None = None, scale: float = 20.0, triplet_margin: float = 5.0,
-                   max_steps: int | None = None, eval_every: int = 0, save_every: int = 0, bf16: bool = False,
-                   device: str = "cpu", time_budget_s: float | None = None, show_progress: bool = True,
-                   resume: bool = True) -> EmbedderResult:
-    """Fine-tune ``model_dir`` (any family encoderkit loads; None: the default model) into a sentence embedder
-    on ``train_file`` with ``loss``; checkpoints, metrics.jsonl, loss.png, best/ (by the validation metric when
-    ``valid`` is given) and final/ go under ``out_dir``; final/ is a sentence-transformers directory. Rerunning
-    with the same out_dir resumes from its last checkpoint (``resume=False`` starts over)."""
+@dataclass
+class EmbedderSetup:
+    """A prepared embedder training: the Trainer (``begin``/``train_step`` drive it step by step, ``train`` runs
+    it to the end) over the SentenceModel, and the validation metric's name (None without ``valid``)."""
+    trainer: Trainer
+    model: SentenceModel
+    metric: str | None
+    examples: int
+
+
+def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path, *, loss: str = "mnrl",
+                     epochs: float = 1, batch_size: int = 32, learning_rate: float = 2e-5, warmup_ratio: float = 0.1,
+                     matryoshka_dims: Sequence[int] | None = None, valid: str | Path | None = None, seed: int = 42,
+                     max_length: int | None = None, mini_batch_size: int = 32, pooling: str | None = None,
+                     normalize: bool | None = None, scale: float = 20.0, triplet_margin: float = 5.0,
+                     max_steps: int | None = None, eval_every: int = 0, save_every: int = 0, bf16: bool = False,
+                     device: str = "cpu", time_budget_s: float | None = None,
+                     show_progress: bool = True) -> EmbedderSetup:
+    """Read the data, load the model and build the loss and the Trainer of ``train_embedder`` (its arguments),
+    without training."""
     if loss not in LOSSES:
         raise InputError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     if epochs <= 0 or batch_size <= 0:
@@ -271,14 +279,29 @@ def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir
     wrapper = EmbedderTraining(model, loss_module, loss, columns)
     trainer = Trainer(wrapper, config, train_items, collate,
                       evaluate=(lambda m: evaluate(m.model)) if evaluate else None, tokenizer=tokenizer)
-    result = trainer.train(resume=resume)
+    return EmbedderSetup(trainer=trainer, model=model, metric=metric, examples=len(examples))
+
+
+def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path, *,
+                   resume: bool = True, **options: Any) -> EmbedderResult:
+    """Fine-tune ``model_dir`` (any family encoderkit loads; None: the default model) into a sentence embedder
+    on ``train_file`` with ``loss``; checkpoints, metrics.jsonl, loss.png, best/ (by the validation metric when
+    ``valid`` is given) and final/ go under ``out_dir``; final/ is a sentence-transformers directory. Rerunning
+    with the same out_dir resumes from its last checkpoint (``resume=False`` starts over). ``options``: those
+    of ``prepare_embedder`` (loss, epochs, batch_size, learning_rate, matryoshka_dims, valid, ...)."""
+    setup = prepare_embedder(model_dir, train_file, out_dir, **options)
+    result = setup.trainer.train(resume=resume)
+    return finish_embedder(out_dir, setup, result)
+
+
+def finish_embedder(out_dir: str | Path, setup: EmbedderSetup, result: dict[str, Any]) -> EmbedderResult:
+    """Drop the softmax classifier (kept for resuming only) from final/ and best/, and sum the run up."""
     final_dir = Path(out_dir) / "final"
-    (final_dir / LOSS_HEAD_FILE).unlink(missing_ok=True)
-    best = Path(out_dir) / "best"
-    if best.is_dir():
-        (best / LOSS_HEAD_FILE).unlink(missing_ok=True)
+    for directory in (final_dir, Path(out_dir) / "best"):
+        (directory / LOSS_HEAD_FILE).unlink(missing_ok=True)
     return EmbedderResult(final_dir=final_dir, step=result["step"], best_metric=result["best_metric"],
-                          best_step=result["best_step"], metric=metric, history=result["history"])
+                          best_step=result["best_step"], metric=setup.metric, history=result["history"])
 
 
-__all__ = ["EmbedderResult", "EmbedderTraining", "LOSSES", "train_embedder"]
+__all__ = ["EmbedderResult", "EmbedderSetup", "EmbedderTraining", "LOSSES", "finish_embedder", "prepare_embedder",
+           "train_embedder"]

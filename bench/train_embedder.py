@@ -1,0 +1,348 @@
+"""Training sentence embedders and a reranker: encoderkit vs sentence-transformers' SentenceTransformerTrainer.
+
+Both sides start from all-MiniLM-L6-v2 (the default model) with the same data, hyperparameters and epochs:
+1 epoch, seed 42, AdamW lr 2e-5, 10% warm-up then linear decay, weight decay 0.01, eps 1e-6, clipping 1.0,
+fp32, max sequence length 256 (the model's sentence-transformers setting), mean pooling + normalisation as saved.
+
+Parts (``--parts``):
+- ``mnrl``: multiple-negatives ranking (scale 20, batch 32, batches without repeated texts: ST's
+  ``BatchSamplers.NO_DUPLICATES``, encoderkit's ``NoDuplicatesBatcher``) on SQuAD question -> paragraph pairs of
+  articles 0-15 of ../shared/data/squad_v1.1 (articles 16-20 held out). Scored on the held-out articles: their
+  questions against their paragraphs (nDCG@10, MRR@10, Recall@1/10/100, MAP@100), for the base model and each
+  trainer's model.
+- ``cosent``: CoSENT (scale 20, batch 16) on STS-B train (scores / 5), scored by Spearman on STS-B dev.
+- ``memory``: peak RSS of one training step (a fresh process each) for MNRL at batch 32 and 128 and cached MNRL
+  (GradCache, mini-batches of 32) at batch 32 and 512, on the SQuAD pairs.
+- ``reranker``: a cross-encoder trained from all-MiniLM-L6-v2 on the SQuAD training pairs plus hard negatives
+  mined with the base embedder (``train_reranker(negatives=N)``), reranking the bi-encoder's top 20 on the
+  held-out articles, against the bi-encoder alone (base and fine-tuned).
+
+Timing: each trainer is a process of its own, and they take turns of ``--chunk`` optimizer steps (bench/turns.py):
+only one computes at a time, so machine-speed drift hits both alike. Training time excludes set-up and
+evaluation. Every model is scored by the same code (encoderkit's evaluators, equal to sentence-transformers'
+evaluators within 1e-4, tested) from its saved directory.
+
+    python bench/train_embedder.py [--parts mnrl,cosent,memory,reranker] [--chunk 5] [--epochs 1] [--threads 2]
+
+Needs the ``bench`` extra (sentence-transformers' trainer reads a datasets.Dataset):
+``pip install -e '.[bench]'``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common import SHARED, require, write_result
+from turns import Contender, TrainerPlayer, serve_player, take_turns, transformers_turns
+
+HYPER = dict(epochs=1.0, learning_rate=2e-5, warmup_ratio=0.1, weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0,
+             seed=42, scale=20.0, max_length=256)
+BATCH = {"mnrl": 32, "cosent": 16}
+VALID_ARTICLES = range(16, 21)  # Amazon_rainforest ... Black_Death: 715 questions, 126 paragraphs
+RERANK_TOP = 20
+RERANK_NEGATIVES = 1
+RERANK_MAX_LENGTH = 256
+SQUAD = SHARED / "data" / "squad_v1.1" / "dev-v1.1.articles-00-20.json"
+STSB = SHARED / "data" / "stsb"
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+def squad_split() -> dict[str, Any]:
+    """Training pairs (question, paragraph) of the training articles; queries, corpus and qrels of the held-out
+    articles (each question's one relevant document is its paragraph)."""
+    articles = json.loads(require(SQUAD).read_text(encoding="utf-8"))["data"]
+    pairs, queries, corpus, qrels = [], {}, {}, {}
+    for number, article in enumerate(articles):
+        for p_number, paragraph in enumerate(article["paragraphs"]):
+            context = paragraph["context"].strip()
+            doc = f"a{number}-p{p_number}"
+            if number in VALID_ARTICLES:
+                corpus[doc] = context
+            for qa in paragraph["qas"]:
+                question = qa["question"].strip()
+                if number in VALID_ARTICLES:
+                    queries[qa["id"]] = question
+                    qrels[qa["id"]] = {doc: 1.0}
+                else:
+                    pairs.append((question, context))
+    return {"pairs": pairs, "queries": queries, "corpus": corpus, "qrels": qrels,
+            "train_articles": [a["title"] for i, a in enumerate(articles) if i not in VALID_ARTICLES],
+            "valid_articles": [a["title"] for i, a in enumerate(articles) if i in VALID_ARTICLES]}
+
+
+def stsb_rows(split: str) -> list[tuple[str, str, float]]:
+    """(sentence1, sentence2, score / 5) of an STS-B csv (tab-separated; score in the 5th field)."""
+    rows = []
+    for line in require(STSB / f"sts-{split}.csv").read_text(encoding="utf-8").splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 7:
+            rows.append((fields[5].strip(), fields[6].strip(), float(fields[4]) / 5.0))
+    return rows
+
+
+def write_jsonl(path: Path, columns: tuple[str, ...], rows: list[tuple]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(dict(zip(columns, row)), ensure_ascii=False) + "\n")
+    return path
+
+
+def training_file(part: str, work: Path) -> Path:
+    if part in ("mnrl", "cached-mnrl"):
+        return write_jsonl(work / "squad-pairs.jsonl", ("anchor", "positive"), squad_split()["pairs"])
+    return write_jsonl(work / "stsb-train.jsonl", ("sentence1", "sentence2", "score"), stsb_rows("train"))
+
+
+# ---------------------------------------------------------------------------------------------------- contenders
+
+def _encoderkit_main(conn, part: str, work: Path, out: Path, threads: int, epochs: float) -> None:
+    import logging
+
+    from encoderkit.training.sentence import prepare_embedder
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.WARNING)
+    setup = prepare_embedder(None, training_file(part, work), out / "run", loss=part, epochs=epochs,
+                             batch_size=BATCH[part], learning_rate=HYPER["learning_rate"],
+                             warmup_ratio=HYPER["warmup_ratio"], seed=HYPER["seed"], scale=HYPER["scale"],
+                             max_length=HYPER["max_length"], show_progress=False)
+    config = setup.trainer.config
+    assert (config.weight_decay, config.adam_eps, config.max_grad_norm) == (
+        HYPER["weight_decay"], HYPER["adam_eps"], HYPER["max_grad_norm"]), "the recipe drifted from HYPER"
+    player = TrainerPlayer(setup.trainer)
+    conn.send(("ready", {"examples": setup.examples, "steps": config.max_steps}))
+    serve_player(conn, player)
+    setup.trainer.model.save_pretrained(out / "final")
+    conn.send(("quality", {"directory": str(out / "final"), "steps": setup.trainer.step}))
+
+
+def _st_main(conn, part: str, work: Path, out: Path, threads: int, epochs: float) -> None:
+    import logging
+
+    import datasets
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
+    from sentence_transformers.training_args import BatchSamplers, SentenceTransformerTrainingArguments
+
+    from encoderkit import default_model_path
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.WARNING)
+    torch.manual_seed(HYPER["seed"])
+    model = SentenceTransformer(str(default_model_path()), device="cpu")
+    model.max_seq_length = HYPER["max_length"]
+    rows = [json.loads(line) for line in training_file(part, work).read_text(encoding="utf-8").splitlines()]
+    dataset = datasets.Dataset.from_list(rows)
+    if part == "mnrl":
+        loss = losses.MultipleNegativesRankingLoss(model, scale=HYPER["scale"])
+        sampler = BatchSamplers.NO_DUPLICATES
+    else:
+        loss = losses.CoSENTLoss(model, scale=HYPER["scale"])
+        sampler = BatchSamplers.BATCH_SAMPLER
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out / "run"), per_device_train_batch_size=BATCH[part], learning_rate=HYPER["learning_rate"],
+        num_train_epochs=epochs, warmup_steps=HYPER["warmup_ratio"], weight_decay=HYPER["weight_decay"],
+        adam_epsilon=HYPER["adam_eps"], max_grad_norm=HYPER["max_grad_norm"], seed=HYPER["seed"],
+        batch_sampler=sampler, report_to="none", save_strategy="no", logging_strategy="no", use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
+    conn.send(("ready", {"examples": len(rows), "steps": None}))
+    turns = transformers_turns(trainer, conn)
+    turns.wait()
+    trainer.train()
+    turns.finish(min(trainer.state.global_step * BATCH[part], round(len(rows) * epochs)))
+    conn.recv()  # evaluate
+    model.save(str(out / "final"))
+    conn.send(("quality", {"directory": str(out / "final"), "steps": trainer.state.global_step}))
+
+
+def score_embedder(part: str, directory: str | None) -> dict[str, float]:
+    """The same evaluation for every model: retrieval on the held-out SQuAD articles, or STS-B dev Spearman."""
+    from encoderkit import Embedder
+    from encoderkit.embeddings.evaluation import evaluate_retrieval, sts_spearman
+
+    embedder = Embedder.from_pretrained(directory, dtype="fp32")
+    if part == "mnrl":
+        split = squad_split()
+        return evaluate_retrieval(embedder, split["queries"], split["corpus"], split["qrels"], batch_size=64)
+    return {"spearman": sts_spearman(embedder, stsb_rows("dev"), batch_size=64)}
+
+
+def run_trainers(part: str, work: Path, chunk: int, threads: int, epochs: float) -> dict[str, Any]:
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    players = [Contender(context, name, main, part, work, work / name, threads, epochs)
+               for name, main in (("sentence-transformers", _st_main), ("encoderkit", _encoderkit_main))]
+    info = players[1].info
+    print(f"{part}: {info['examples']:,} training examples, {info['steps']} encoderkit steps; turns of {chunk} steps")
+    take_turns(players, chunk)
+    rows = [{"model": "base (all-MiniLM-L6-v2)", "metrics": score_embedder(part, None)}]
+    print(f"  {rows[0]['model']:24s} {_shown(rows[0]['metrics'])}", flush=True)
+    for player in players:
+        trained = player.quality()
+        metrics = score_embedder(part, trained["directory"])
+        rows.append({"model": player.name, "train_seconds": player.seconds, "steps": trained["steps"],
+                     "examples_per_second": player.examples / player.seconds, "metrics": metrics})
+        print(f"  {player.name:24s} {player.seconds:7.1f} s  {player.examples / player.seconds:6.1f} ex/s  "
+              f"{_shown(metrics)}", flush=True)
+    st, ek = rows[1], rows[2]
+    main = "ndcg@10" if part == "mnrl" else "spearman"
+    return {"loss": part, "batch_size": BATCH[part], "examples": info["examples"], "rows": rows, "main_metric": main,
+            "speedup": ek["examples_per_second"] / st["examples_per_second"],
+            "quality_difference_points": 100 * (ek["metrics"][main] - st["metrics"][main])}
+
+
+def _shown(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+
+MEMORY_RUNS = (("mnrl", 32), ("mnrl", 128), ("cached-mnrl", 32), ("cached-mnrl", 512))
+
+
+def _one_step(loss: str, batch: int, train: str, out: str, threads: int) -> None:
+    """One training step in this (fresh) process: its peak RSS is what the parent reads."""
+    from encoderkit.training.sentence import train_embedder
+
+    torch.set_num_threads(threads)
+    train_embedder(None, train, out, loss=loss, batch_size=batch, mini_batch_size=32, max_steps=1,
+                   max_length=HYPER["max_length"], show_progress=False, resume=False)
+
+
+def peak_rss(loss: str, batch: int, train: Path, out: Path, threads: int) -> tuple[float, float]:
+    """(peak RSS in MiB, seconds) of a process that trains one step."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import train_embedder as b; "
+            f"b._one_step({loss!r}, {batch}, {str(train)!r}, {str(out)!r}, {threads})")
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"the {loss} batch {batch} step failed (exit {os.waitstatus_to_exitcode(status)})")
+    return usage.ru_maxrss / 1024, time.perf_counter() - started
+
+
+def run_memory(work: Path, threads: int) -> dict[str, Any]:
+    train = training_file("mnrl", work)
+    rows = []
+    for loss, batch in MEMORY_RUNS:
+        rss, seconds = peak_rss(loss, batch, train, work / f"mem-{loss}-{batch}", threads)
+        rows.append({"loss": loss, "batch_size": batch, "mini_batch_size": 32 if loss == "cached-mnrl" else None,
+                     "peak_rss_mib": rss, "seconds": seconds})
+        print(f"  {loss:12s} batch {batch:4d}: peak RSS {rss:8.0f} MiB ({seconds:.0f} s for one step with set-up)",
+              flush=True)
+    by = {(r["loss"], r["batch_size"]): r["peak_rss_mib"] for r in rows}
+    return {"rows": rows, "cached_512_minus_mnrl_32_mib": by[("cached-mnrl", 512)] - by[("mnrl", 32)],
+            "limit_mib": 1024}
+
+
+# ---------------------------------------------------------------------------------------------------- reranker
+
+class ScoreCache:
+    """A reranker whose logits are computed once per (query, passage): the bi-encoders' top 20 mostly overlap."""
+
+    def __init__(self, reranker) -> None:
+        self.reranker, self.values = reranker, {}
+
+    def logits(self, queries: list[str], passages: list[str]):
+        import numpy as np
+
+        missing = [pair for pair in dict.fromkeys(zip(queries, passages)) if pair not in self.values]
+        if missing:
+            computed = self.reranker.logits([q for q, _ in missing], [p for _, p in missing])[:, 0]
+            self.values.update(zip(missing, computed.tolist()))
+        return np.array([[self.values[pair]] for pair in zip(queries, passages)], dtype=np.float32)
+
+
+def run_reranker(work: Path, threads: int, epochs: float, embedders: dict[str, str | None]) -> dict[str, Any]:
+    from encoderkit import Embedder
+    from encoderkit.embeddings.evaluation import evaluate_retrieval
+    from encoderkit.tasks.rerank import Reranker
+    from encoderkit.training.reranker import train_reranker
+
+    split = squad_split()
+    train = write_jsonl(work / "squad-rerank.jsonl", ("query", "passage", "label"),
+                        [(q, p, 1) for q, p in split["pairs"]])
+    started = time.perf_counter()
+    result = train_reranker(None, train, work / "reranker", epochs=epochs, negatives=RERANK_NEGATIVES,
+                            embedder=Embedder.from_pretrained(None), max_length=RERANK_MAX_LENGTH,
+                            seed=HYPER["seed"], show_progress=False, resume=False, valid_fraction=0.05)
+    seconds = time.perf_counter() - started
+    print(f"  reranker: {result.train_examples:,} pairs, {result.steps} steps, {seconds:.0f} s; {result.metrics}",
+          flush=True)
+    reranker = ScoreCache(Reranker.from_pretrained(result.out_dir, max_length=RERANK_MAX_LENGTH, dtype="fp32"))
+    rows = []
+    for name, directory in embedders.items():
+        embedder = Embedder.from_pretrained(directory, dtype="fp32")
+        alone = evaluate_retrieval(embedder, split["queries"], split["corpus"], split["qrels"], batch_size=64)
+        reranked = evaluate_retrieval(embedder, split["queries"], split["corpus"], split["qrels"], batch_size=64,
+                                      reranker=reranker, rerank_top=RERANK_TOP)
+        rows.append({"bi_encoder": name, "alone": alone, "reranked": reranked})
+        print(f"  {name:26s} alone    {_shown(alone)}\n  {'':26s} reranked {_shown(reranked)}", flush=True)
+    return {"train_pairs": result.train_examples, "steps": result.steps, "train_seconds": seconds,
+            "negatives_per_positive": RERANK_NEGATIVES, "max_length": RERANK_MAX_LENGTH, "rerank_top": RERANK_TOP,
+            "validation": result.metrics, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="mnrl,cosent,memory,reranker")
+    parser.add_argument("--chunk", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--epochs", type=float, default=HYPER["epochs"],
+                        help="a trial run of part of an epoch (e.g. 0.05); only full runs are written")
+    parser.add_argument("--work", default=None, help="keep the trained models here (default: a temporary directory)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    parts = args.parts.split(",")
+    unknown = set(parts) - {"mnrl", "cosent", "memory", "reranker"}
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}")
+    split = squad_split()
+    result: dict[str, Any] = {"hyperparameters": HYPER, "batch_sizes": BATCH, "epochs": args.epochs,
+                              "chunk": args.chunk, "threads": args.threads,
+                              "squad": {"train_articles": split["train_articles"],
+                                        "valid_articles": split["valid_articles"],
+                                        "train_pairs": len(split["pairs"]), "valid_queries": len(split["queries"]),
+                                        "valid_corpus": len(split["corpus"])}}
+    previous = Path(__file__).parent / "results" / "train_embedder.json"
+    if previous.is_file():  # parts not rerun keep their last results
+        old = json.loads(previous.read_text(encoding="utf-8"))
+        result.update({k: old[k] for k in ("mnrl", "cosent", "memory", "reranker") if k in old and k not in parts})
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for part in ("mnrl", "cosent"):
+            if part in parts:
+                result[part] = run_trainers(part, work / part, args.chunk, args.threads, args.epochs)
+        if "memory" in parts:
+            print("memory: one training step per process")
+            result["memory"] = run_memory(work / "memory", args.threads)
+        if "reranker" in parts:
+            print("reranker")
+            embedders = {"base (all-MiniLM-L6-v2)": None}
+            tuned = work / "mnrl" / "encoderkit" / "final"
+            if tuned.is_dir():
+                embedders["encoderkit MNRL"] = str(tuned)
+            result["reranker"] = run_reranker(work / "reranker", args.threads, args.epochs, embedders)
+    if args.epochs == HYPER["epochs"]:
+        write_result("train_embedder", result)
+    else:
+        print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
