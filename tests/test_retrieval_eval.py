@@ -188,7 +188,7 @@ def test_readers(tmp_path) -> None:
     ("qrels", "q1\td9\n", r"r.tsv:1: document id 'd9' is not in the corpus file"),
     ("qrels", "q1\td1\nq7\td1\n", r"r.tsv:2: query id 'q7' is not in the queries file"),
     ("qrels", "q1\n", r"r.tsv:1: expected query_id<TAB>doc_id"),
-    ("qrels", "q1\td1\tvery\n", r"r.tsv:1: the grade must be a number"),
+    ("qrels", "q1\td1\tvery\n", r"r.tsv:1: the grade must be a finite number"),
     ("qrels", "qid\tdocument\n", r"r.tsv:1: query id 'qid' is not in the queries file \(a header line"),
     ("qrels", "q1\td1\nq1\td1\n", r"r.tsv:2: duplicate pair"),
 ])

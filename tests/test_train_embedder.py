@@ -149,3 +149,45 @@ def test_softmax_and_triplet_train(tmp_path: Path, minilm_dir: Path, loss: str, 
         assert (tmp_path / "out" / "checkpoint-0000002" / "loss_head.pt").is_file()  # kept for resuming
     else:
         assert result.metric == "triplet_accuracy" and 0.0 <= result.best_metric <= 1.0
+
+
+def test_interrupted_run_resumes_from_its_checkpoint(tmp_path: Path, minilm_dir: Path, cli_main, capsys, caplog,
+                                                     monkeypatch) -> None:
+    """A run stopped by Ctrl-C after its step-2 checkpoint continues from step 2 when rerun (not from step 0), and
+    ends with the same weights as a run that was never interrupted."""
+    from helpers import tiny_bert_dir
+    from encoderkit.tasks.embed import Embedder
+    from encoderkit.training.trainer import Trainer
+
+    tiny = tiny_bert_dir(tmp_path / "tiny", minilm_dir)
+    train = write_tsv(tmp_path / "train.tsv", "anchor\tpositive", QA)
+
+    def command(out: Path) -> list[str]:
+        return ["train-embedder", "--model", str(tiny), "--train", str(train), "--batch-size", "2", "--epochs", "1",
+                "--save-every", "1", "--lr", "1e-3", "--warmup-ratio", "0", "--out", str(out)]
+
+    assert cli_main(command(tmp_path / "whole")) == 0
+    step = Trainer.train_step
+
+    def interrupted(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return step(self)
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_step", interrupted)
+        assert cli_main(command(out)) == 130
+    assert "encoderkit: interrupted" in capsys.readouterr().err
+    assert not (out / "final").exists() and (out / "checkpoint-0000002" / "trainer_state.pt").is_file()
+    before = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in before] == [1, 2]
+
+    caplog.clear()
+    assert cli_main(command(out)) == 0
+    assert f"resumed from {out / 'checkpoint-0000002'} (step 2)" in caplog.text
+    records = (out / "metrics.jsonl").read_text().splitlines()
+    assert records[:2] == before and [json.loads(line)["step"] for line in records] == [1, 2, 3, 4]
+    texts = [q for q, _ in QA]
+    np.testing.assert_allclose(Embedder.from_pretrained(out / "final").encode(texts),
+                               Embedder.from_pretrained(tmp_path / "whole" / "final").encode(texts), atol=1e-6)

@@ -140,11 +140,15 @@ def run_demo(model: str | Path | None, echo: Callable[[str], None] = print) -> d
 
 def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: str | Path | None = None,
                     kind: str = "exact", metric: str = "cosine", model: str | Path | None = None,
-                    texts_path: str | Path | None = None):
-    """Index an embeddings .npy (memory-mapped) with its ids; record the query model and the texts' file."""
+                    texts_path: str | Path | None = None, truncate_dim: int | None = None):
+    """Index an embeddings .npy (memory-mapped) with its ids; record the query model and the texts' file.
+
+    ``truncate_dim`` N: the index holds the first N dimensions of each vector (full vectors are cut; vectors
+    embedded with ``--truncate-dim N`` are taken as they are) and records N, so that search cuts its queries
+    the same way. The vectors' width is checked against the query model here, not at the first search."""
     from .data.readers import read_lines
-    from .errors import DataError
-    from .hub import resolve_model
+    from .errors import DataError, InputError
+    from .tasks.embed import check_truncate_dim
     from .tasks.search import build_index
 
     vectors_path = Path(vectors_path)
@@ -154,14 +158,30 @@ def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: 
         vectors = np.load(vectors_path, mmap_mode="r")
     except ValueError as exc:
         raise DataError(f"{vectors_path} is not a .npy array: {exc}") from exc
+    if vectors.ndim != 2:
+        raise DataError(f"{vectors_path} holds an array of shape {vectors.shape}; expected (rows, dimension)")
+    resolved = resolve_model(model)
+    model_dimension = EncoderConfig.from_json_file(resolved.weights_dir / "config.json").hidden_size
+    truncate_dim = check_truncate_dim(truncate_dim, model_dimension)
+    width = vectors.shape[1]
+    if truncate_dim is None and width != model_dimension:
+        hint = (f"; if they were embedded with --truncate-dim {width}, pass --truncate-dim {width}"
+                if width < model_dimension else "")
+        raise InputError(f"{vectors_path} holds {width}-dim vectors but the query model {resolved.root} gives "
+                         f"{model_dimension}-dim ones: pass the model that embedded them (--model){hint}")
+    if truncate_dim is not None and width not in (truncate_dim, model_dimension):
+        raise InputError(f"{vectors_path} holds {width}-dim vectors: --truncate-dim {truncate_dim} takes vectors of "
+                         f"the query model's full dimension {model_dimension} or already cut to {truncate_dim}")
     default_ids = vectors_path.with_suffix(".ids.txt")
     ids = None
     if ids_path is not None or default_ids.is_file():
         ids = read_lines(ids_path or default_ids)
         if len(ids) != len(vectors):
             raise DataError(f"{ids_path or default_ids} has {len(ids)} ids for {len(vectors)} vectors")
-    index = build_index(vectors, ids, kind=kind, metric=metric)
-    index.info = {"model": str(resolve_model(model).root), "vectors": str(vectors_path.resolve())}
+    index = build_index(vectors if truncate_dim is None else vectors[:, :truncate_dim], ids, kind=kind, metric=metric)
+    index.info = {"model": str(resolved.root), "vectors": str(vectors_path.resolve())}
+    if truncate_dim is not None:
+        index.info["truncate_dim"] = truncate_dim
     if texts_path is not None:
         index.info["texts"] = str(Path(texts_path).resolve())
     index.save(out_dir)
@@ -169,17 +189,28 @@ def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: 
 
 
 def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | Path | None = None,
-               rerank: str | Path | None = None, candidates: int = 20) -> list[dict]:
+               rerank: str | Path | None = None, candidates: int = 20, truncate_dim: int | None = None) -> list[dict]:
     """The k nearest texts of a saved index. With ``rerank`` (a cross-encoder directory), the index's top
     ``candidates`` are re-scored by the reranker and its top k returned: each hit keeps its retrieval score as
-    "retrieval_score", and "score" is the reranker's logit."""
+    "retrieval_score", and "score" is the reranker's logit. The query is cut to the truncate dimension the
+    index was built with; ``truncate_dim``, if given, must be that one."""
     from .data.readers import iter_records
     from .errors import InputError
     from .tasks.embed import Embedder
     from .tasks.search import VectorIndex
 
     index = VectorIndex.load(index_dir)
+    built_with = index.info.get("truncate_dim")
+    if truncate_dim is not None and truncate_dim != built_with:
+        how = f"built with --truncate-dim {built_with}" if built_with else "built without --truncate-dim"
+        raise InputError(f"--truncate-dim {truncate_dim} does not match the index {index_dir}, {how}: its queries are "
+                         "cut the way its vectors were (leave --truncate-dim out)")
     embedder = Embedder.from_pretrained(model or index.info.get("model"))
+    if built_with is not None:
+        if built_with > embedder.dimension:
+            raise InputError(f"the index {index_dir} was built with --truncate-dim {built_with}, but the model gives "
+                             f"{embedder.dimension}-dim vectors; pass the model the index was built with (--model)")
+        embedder.truncate_dim = built_with
     if embedder.dimension != index.dimension:
         raise InputError(f"the model gives {embedder.dimension}-dim vectors but the index holds "
                          f"{index.dimension}-dim ones; pass the model the index was built with (--model)")
@@ -192,7 +223,7 @@ def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | P
     texts_path = index.info.get("texts")
     if texts_path and Path(texts_path).is_file():  # one streamed pass to fetch the k texts
         wanted = {hit["row"]: hit for hit in hits}
-        for row, record in enumerate(iter_records(texts_path)):
+        for row, record in enumerate(iter_records(texts_path, field_option=None)):
             if row in wanted:
                 wanted[row]["text"] = record.text
     if rerank is None:

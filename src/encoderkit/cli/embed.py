@@ -13,6 +13,7 @@ from .options import (
     out_option,
     restart_option,
     top_k_option,
+    truncate_dim_option,
 )
 
 
@@ -29,15 +30,17 @@ from .options import (
 @click.option("--long-text", type=click.Choice(["truncate", "window"]), default="truncate", show_default=True,
               help="texts beyond max-length: truncate (with a warning) or embed overlapping windows and average")
 @click.option("--chunk-size", type=int, default=4096, show_default=True, help="records per written chunk")
+@truncate_dim_option()
 @restart_option("ignore the progress of an interrupted run and start over")
 def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: str | None, text_field: str | None,
-          id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, restart: bool) -> None:
+          id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, truncate_dim: int | None,
+          restart: bool) -> None:
     """Embed a text/JSONL/CSV file into a float32 .npy (input order) plus ids, streamed and resumable."""
     from ..tasks.embed import embed_file
 
     result = embed_file(input_path, out_path, model=model, fmt=fmt, text_field=text_field, id_field=id_field,
                         chunk_size=chunk_size, resume=not restart, dtype=dtype, max_length=max_length,
-                        long_text=long_text)
+                        long_text=long_text, truncate_dim=truncate_dim)
     resumed = f" (resumed after {result.resumed_from:,})" if result.resumed_from else ""
     click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}{resumed}; "
                f"ids in {result.ids_path}")
@@ -47,12 +50,13 @@ def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: st
 @click.argument("path")
 @model_option()
 @dtype_option()
-def eval_sts(path: str, model: str | None, dtype: str) -> None:
+@truncate_dim_option("evaluate the first N dimensions of each embedding")
+def eval_sts(path: str, model: str | None, dtype: str, truncate_dim: int | None) -> None:
     """Spearman and Pearson correlation of cosine similarity with the gold scores of an STS-B file."""
     from ..tasks.embed import Embedder
     from ..tasks.sts import evaluate_sts
 
-    result = evaluate_sts(path, Embedder.from_pretrained(model, dtype=dtype))
+    result = evaluate_sts(path, Embedder.from_pretrained(model, dtype=dtype, truncate_dim=truncate_dim))
     click.echo(f"pairs: {result.pairs}")
     click.echo(f"spearman: {result.spearman:.6f}")
     click.echo(f"pearson: {result.pearson:.6f}")
@@ -66,9 +70,10 @@ def eval_sts(path: str, model: str | None, dtype: str) -> None:
               help="relevant documents: query_id<TAB>doc_id[<TAB>grade] (a header line is optional)")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="texts per forward pass (at most)")
 @dtype_option()
+@truncate_dim_option("evaluate the first N dimensions of each embedding")
 @json_option()
 def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: str, batch_size: int, dtype: str,
-                   as_json: bool) -> None:
+                   truncate_dim: int | None, as_json: bool) -> None:
     """nDCG@10, MRR@10, Recall@1/10/100 and MAP@100 of exact cosine search with MODEL (as sentence-transformers'
     InformationRetrievalEvaluator computes them)."""
     from ..embeddings.evaluation import evaluate_retrieval, read_qrels, read_texts_tsv
@@ -81,7 +86,7 @@ def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: 
     queries = read_texts_tsv(queries_path, "queries")
     corpus = read_texts_tsv(corpus_path, "documents")
     qrels = read_qrels(qrels_path, queries=queries, corpus=corpus)
-    embedder = Embedder.from_pretrained(None if model == "default" else model, dtype=dtype)
+    embedder = Embedder.from_pretrained(None if model == "default" else model, dtype=dtype, truncate_dim=truncate_dim)
     metrics = evaluate_retrieval(embedder, queries, corpus, qrels, batch_size=batch_size)
     counts = {"queries": sum(1 for relevant in qrels.values() if any(g > 0 for g in relevant.values())),
               "corpus": len(corpus)}
@@ -100,14 +105,16 @@ def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: 
 @click.option("--metric", type=click.Choice(["cosine", "ip"]), default="cosine", show_default=True)
 @model_option("model to embed queries with at search time (default: the default model)")
 @click.option("--texts", "texts_path", default=None, help="the embedded input file, to show texts in results")
+@truncate_dim_option("index the first N dimensions of each vector (VECTORS full, or embedded with --truncate-dim N); "
+                     "search then cuts its queries the same way")
 def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metric: str, model: str | None,
-          texts_path: str | None) -> None:
+          texts_path: str | None, truncate_dim: int | None) -> None:
     """Build a search index from an embeddings .npy (as written by `encoderkit embed`)."""
     from ..jobs import build_index_job
 
     built = build_index_job(vectors_path, out_dir, ids_path=ids_path, kind=kind, metric=metric, model=model,
-                            texts_path=texts_path)
-    click.echo(f"indexed {len(built):,} vectors ({built.kind}, {built.metric}) -> {out_dir}")
+                            texts_path=texts_path, truncate_dim=truncate_dim)
+    click.echo(f"indexed {len(built):,} x {built.dimension} vectors ({built.kind}, {built.metric}) -> {out_dir}")
 
 
 @click.command()
@@ -119,12 +126,15 @@ def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metr
 @click.option("--rerank", "rerank_model", default=None,
               help="a cross-encoder (encoderkit train-reranker) that re-scores the index's top --candidates")
 @click.option("--candidates", type=int, default=20, show_default=True, help="with --rerank: hits to re-score")
+@truncate_dim_option("the index's truncate dimension, which is the default; another one is an error")
 def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool, rerank_model: str | None,
-           candidates: int) -> None:
-    """Find the nearest texts to QUERY in a saved index (optionally reranked by a cross-encoder)."""
+           candidates: int, truncate_dim: int | None) -> None:
+    """Find the nearest texts to QUERY in a saved index (optionally reranked by a cross-encoder); the query is
+    cut to the dimension the index was built with (index --truncate-dim)."""
     from ..jobs import search_job
 
-    hits = search_job(index_dir, query, k=k, model=model, rerank=rerank_model, candidates=candidates)
+    hits = search_job(index_dir, query, k=k, model=model, rerank=rerank_model, candidates=candidates,
+                      truncate_dim=truncate_dim)
     if as_json:
         click.echo(json.dumps(hits, indent=2, ensure_ascii=False))
         return

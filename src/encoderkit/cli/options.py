@@ -43,6 +43,13 @@ def out_option(help: str, *, dest: str = "out_dir", required: bool = True, **kwa
     return click.option("--out", dest, required=required, help=help, **kwargs)
 
 
+def truncate_dim_option(help: str = "keep the first N dimensions of each embedding (a Matryoshka-trained model "
+                                           "keeps most of its quality in them)") -> Decorator:
+    """--truncate-dim N: the first N dimensions of each vector, as sentence-transformers' truncate_dim. Checked
+    (1 to the model's dimension) where the model is known, so a bad value is one encoderkit error line."""
+    return click.option("--truncate-dim", type=int, default=None, metavar="N", help=help)
+
+
 def json_option(help: str = "print JSON") -> Decorator:
     return click.option("--json", "as_json", is_flag=True, help=help)
 

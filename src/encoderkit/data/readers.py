@@ -56,26 +56,30 @@ def read_lines(path: str | Path) -> list[str]:
     return [line for _, line in _lines(Path(path))]
 
 
-def read_texts(path: str | Path, *, text_field: str | None = None, what: str = "texts") -> list[str]:
+def read_texts(path: str | Path, *, text_field: str | None = None, what: str = "texts",
+               field_option: str | None = None) -> list[str]:
     """The non-blank texts of a file, stripped: one per line, or the text column / field of a .tsv, .csv or
-    .jsonl file. ``what`` names the file in errors (e.g. "--original")."""
+    .jsonl file. ``what`` names the file in errors (e.g. "--original"); ``field_option``: the caller's option
+    that names the text column, if it has one (errors suggest it)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{what} file {path} does not exist; give one text per line, or a .tsv/.csv/.jsonl file "
                         "with a text column")
-    texts = [record.text.strip() for record in iter_records(path, text_field=text_field) if record.text.strip()]
+    texts = [record.text.strip() for record in iter_records(path, text_field=text_field, field_option=field_option)
+             if record.text.strip()]
     if not texts:
         raise DataError(f"{path} holds no texts (one per line, or a text column in .tsv/.csv/.jsonl)")
     return texts
 
 
 def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | None = None,
-                 id_field: str | None = None) -> Iterator[Record]:
+                 id_field: str | None = None, field_option: str | None = "--text-field") -> Iterator[Record]:
     """Stream (id, text) records. Ids default to the 0-based record number.
 
     text: one record per line. jsonl: objects with a text field ("text", "sentence", ... or
     ``text_field``). csv/tsv: a header row; the text column is ``text_field`` or the first of
-    "text"/"sentence"/...; ``id_field`` names an id column or key.
+    "text"/"sentence"/...; ``id_field`` names an id column or key. ``field_option``: the command's option
+    that sets ``text_field``, named in the error when no text column is found (None: the command has none).
     """
     path = Path(path)
     fmt = fmt or detect_format(path)
@@ -89,8 +93,8 @@ def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | 
         for number, obj in json_objects(path):
             key = text_field or next((k for k in _TEXT_KEYS if k in obj), None)
             if key is None or key not in obj:
-                raise DataError(f"{path}:{number}: no text field ({text_field or ' / '.join(_TEXT_KEYS)}); "
-                                "name it with --text-field")
+                raise DataError(f"{path}:{number}: no text field ({text_field or ' / '.join(_TEXT_KEYS)})"
+                                + (f"; name yours with {field_option}" if field_option and not text_field else ""))
             if not isinstance(obj[key], str):
                 raise DataError(f"{path}:{number}: field {key!r} must be a string, found {type(obj[key]).__name__}")
             record_id = obj.get(id_field) if id_field else obj.get("id", index)
@@ -105,7 +109,8 @@ def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | 
             return
         key = text_field or next((k for k in _TEXT_KEYS if k in header), None)
         if key is None or key not in header:
-            raise DataError(f"{path}:1: no text column among {header}; name it with --text-field")
+            raise DataError(f"{path}:1: no text column among {header}; name it {' / '.join(_TEXT_KEYS)}"
+                            + (f" or give it with {field_option}" if field_option else ""))
         text_column = header.index(key)
         id_column = header.index(id_field) if id_field and id_field in header else None
         if id_field and id_column is None:

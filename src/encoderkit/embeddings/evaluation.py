@@ -342,7 +342,8 @@ def read_qrels(path: str | Path, *, queries: Mapping[str, str] | None = None,
                corpus: Mapping[str, str] | None = None) -> dict[str, dict[str, float]]:
     """``query_id<TAB>doc_id[<TAB>grade]`` lines -> {query id: {doc id: grade}} (grade 1 when absent).
     A header line (e.g. ``query_id<TAB>doc_id<TAB>score``) is accepted. Given ``queries``/``corpus``, every id
-    must be among them. Raises DataError (file:line) on malformed lines, duplicate pairs or unknown ids."""
+    must be among them. Raises DataError (file:line) on malformed lines, duplicate pairs or unknown ids, and when
+    no pair has a grade above 0 (nothing to evaluate)."""
     path = Path(path)
     qrels: dict[str, dict[str, float]] = {}
     seen: dict[tuple[str, str], int] = {}
@@ -370,7 +371,7 @@ def read_qrels(path: str | Path, *, queries: Mapping[str, str] | None = None,
             except ValueError:
                 grade = math.nan
             if not math.isfinite(grade):
-                raise DataError(f"{path}:{number}: the grade must be a number, found {fields[2]!r}{extra}")
+                raise DataError(f"{path}:{number}: the grade must be a finite number, found {fields[2]!r}{extra}")
         if (qid, doc) in seen:
             raise DataError(f"{path}:{number}: duplicate pair {qid!r} {doc!r} (first on line {seen[qid, doc]})")
         if queries is not None and qid not in queries:
@@ -381,5 +382,7 @@ def read_qrels(path: str | Path, *, queries: Mapping[str, str] | None = None,
         qrels.setdefault(qid, {})[doc] = grade
     if not qrels:
         raise DataError(f"{path} holds no qrels (expected query_id<TAB>doc_id[<TAB>grade] lines)")
+    if not any(grade > 0 for relevant in qrels.values() for grade in relevant.values()):
+        raise DataError(f"{path}: every grade is 0 or less, so no query has a relevant document; nothing to evaluate")
     return qrels
 

@@ -415,4 +415,4 @@ def read_texts(path: str | Path, text_field: str | None = None) -> list[str]:
     """Texts from a file: one per line (.txt), or the text column/field of a .tsv/.csv/.jsonl; blanks skipped."""
     from ..data.readers import read_texts as read
 
-    return read(path, text_field=text_field)
+    return read(path, text_field=text_field, field_option="--text-field")

@@ -1,4 +1,5 @@
-"""Sentence embeddings: encoder states pooled (mean / CLS / max / ...) and optionally L2-normalised.
+"""Sentence embeddings: encoder states pooled (mean / CLS / max / ...), optionally L2-normalised, optionally truncated
+to their first N dimensions (Matryoshka embeddings, as sentence-transformers' ``truncate_dim``).
 
 ``Embedder.encode`` runs the inference engine (``encoderkit.engine``): texts are tokenised once, sorted by
 length, grouped under a token budget, packed without padding, and restored to input order.
@@ -30,6 +31,17 @@ log = logging.getLogger(__name__)
 LONG_TEXT_MODES = ("truncate", "window")
 
 
+def check_truncate_dim(truncate_dim: int | None, dimension: int) -> int | None:
+    """``truncate_dim`` if it is a valid prefix length of ``dimension``-dim vectors (None: no truncation)."""
+    if truncate_dim is None:
+        return None
+    if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, (int, np.integer)) \
+            or not 1 <= truncate_dim <= dimension:
+        raise InputError(f"the truncate dimension (--truncate-dim) must be an integer from 1 to the model's "
+                         f"dimension {dimension}, found {truncate_dim!r}")
+    return int(truncate_dim)
+
+
 class Embedder:
     """Text -> vector. ``Embedder.from_pretrained()`` uses the default model and its own pooling.
 
@@ -37,11 +49,14 @@ class Embedder:
     "bf16" (bf16 matrix products, fp32 LayerNorm/softmax/pooling), or "auto" (bf16 where the CPU
     has native bf16 matrix instructions, else fp32). ``long_text``: "truncate" (with a warning) or
     "window" (overlapping windows of ``max_length`` tokens, their embeddings averaged by length).
+    ``truncate_dim``: keep the first N dimensions of each vector (a model trained with a Matryoshka loss
+    keeps most of its quality in them); see ``encode`` for how it combines with normalisation.
     """
 
     def __init__(self, model: EncoderModel, tokenizer: Tokenizer, *, pooling: str = "mean", normalize: bool = False,
                  max_length: int | None = None, dtype: str | torch.dtype = "fp32", token_budget: int | None = None,
-                 long_text: str = "truncate", window_stride: int | None = None) -> None:
+                 long_text: str = "truncate", window_stride: int | None = None,
+                 truncate_dim: int | None = None) -> None:
         if pooling not in POOLING_MODES:
             raise InputError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
         if long_text not in LONG_TEXT_MODES:
@@ -60,6 +75,7 @@ class Embedder:
         self.token_budget = self.engine.precision.token_budget
         self.long_text = long_text
         self.window_stride = window_stride if window_stride is not None else self.max_length // 4
+        self.truncate_dim = check_truncate_dim(truncate_dim, model.config.hidden_size)
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, pooling: str | None = None,
@@ -80,7 +96,8 @@ class Embedder:
 
     @property
     def dimension(self) -> int:
-        return self.model.config.hidden_size
+        """The length of the vectors ``encode`` returns: the truncate dimension when one is set."""
+        return self.truncate_dim or self.model.config.hidden_size
 
     def _tokenize(self, texts: Sequence[str]) -> tuple[list[list[int]], list[list[int]], np.ndarray]:
         """Token ids per piece, type ids per piece, and the text each piece belongs to."""
@@ -108,10 +125,17 @@ class Embedder:
         return ids, types, np.asarray(owner, dtype=np.int64)
 
     def encode(self, texts: Sequence[str] | str, *, batch_size: int = 512, normalize: bool | None = None,
-               convert_to: str = "numpy", progress: Callable[[int], None] | None = None) -> np.ndarray | torch.Tensor:
-        """Embed texts, returned in input order: float32 array (or tensor) of shape (len(texts), dim).
+               convert_to: str = "numpy", progress: Callable[[int], None] | None = None,
+               truncate_dim: int | None = None) -> np.ndarray | torch.Tensor:
+        """Embed texts, returned in input order: float32 array (or tensor) of shape (len(texts), dimension).
 
         ``batch_size`` caps the sequences per batch; the token budget sets the batch in tokens.
+        ``truncate_dim`` (default: the embedder's) keeps the first N dimensions, in sentence-transformers'
+        order of steps so that the vectors equal ``SentenceTransformer(..., truncate_dim=N).encode``: the
+        model's own normalisation (``normalize=None``: the embedder's, sentence-transformers' Normalize
+        module) applies to the full vector *before* the cut, so truncated vectors are then not of unit
+        length; ``normalize=True`` (sentence-transformers' ``normalize_embeddings``) also normalises after
+        the cut; ``normalize=False`` normalises nowhere.
         """
         single = isinstance(texts, str)
         if single:
@@ -123,8 +147,9 @@ class Embedder:
         for index, text in enumerate(texts):
             if not isinstance(text, str):
                 raise InputError(f"texts[{index}] must be a string, found {type(text).__name__}")
-        normalize = self.normalize if normalize is None else normalize
-        out = torch.zeros(len(texts), self.dimension, dtype=torch.float32)
+        truncate_dim = self.truncate_dim if truncate_dim is None else \
+            check_truncate_dim(truncate_dim, self.model.config.hidden_size)
+        out = torch.zeros(len(texts), self.model.config.hidden_size, dtype=torch.float32)
         if len(texts):
             ids, types, owner = self._tokenize(texts)
             windows = len(ids) > len(texts)
@@ -142,7 +167,11 @@ class Embedder:
                     progress(len(batch_indices))
             if windows:
                 out /= weights[:, None]
-            if normalize:
+            if self.normalize if normalize is None else normalize:  # the model's normalisation: the full vector
+                out = F.normalize(out, p=2, dim=1)
+        if truncate_dim is not None and truncate_dim < out.shape[1]:
+            out = out[:, :truncate_dim].clone()  # a copy: the full vectors are freed
+            if normalize and len(texts):  # normalize_embeddings: unit length after the cut
                 out = F.normalize(out, p=2, dim=1)
         result = out[0] if single else out
         return result.numpy() if convert_to == "numpy" else result

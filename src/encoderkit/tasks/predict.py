@@ -58,7 +58,7 @@ def _records(pipeline: TaskPipeline, path: Path, options: dict[str, Any]) -> Ite
                 for sentence, tagged in zip(chunk, pipeline.tag_words([s.tokens for s in chunk])):
                     yield {"words": tagged.words, "tags": tagged.tags, "scores": tagged.scores}
         else:
-            for chunk in _chunks(iter_records(path, text_field=options.get("text_column"))):
+            for chunk in _chunks(iter_records(path, text_field=options.get("text_column"), field_option="--text-column")):
                 entities = pipeline([r.text for r in chunk], aggregation=options.get("aggregation"))
                 for record, found in zip(chunk, entities):
                     yield {"id": record.id, "text": record.text, "entities": [asdict(e) for e in found]}

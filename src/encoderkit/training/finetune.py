@@ -464,6 +464,10 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
     else:
         split_seed = recipe.seed if recipe.split_seed is None else recipe.split_seed
         train_examples, valid_examples = kind.split(train_examples, recipe.valid_fraction, split_seed)
+        if not train_examples:  # a tiny file whose one group (document, query) became the validation set
+            where = train if isinstance(train, (str, Path)) else "the training data"
+            raise DataError(f"{where}: too few examples to carve a validation set from ({len(valid_examples)} "
+                            "went to it, none are left to train on); add examples or give a validation file")
         log.info("no validation file: %d examples carved from the training data (seed %d)", len(valid_examples),
                  split_seed)
     labels = kind.labels(train_examples)

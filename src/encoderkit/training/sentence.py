@@ -190,6 +190,9 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
     if epochs <= 0 or batch_size <= 0:
         raise InputError(f"epochs and batch_size must be positive, found {epochs} and {batch_size}")
     data = read_training_file(train_file, loss=loss)
+    if loss == "softmax" and len(data.labels or {}) < 2:
+        raise DataError(f"{train_file}: the softmax loss classifies pairs into at least 2 labels, and the file has "
+                        f"one ({', '.join(data.label_names)}); add pairs of another label or use another loss")
     if matryoshka_dims and loss == "softmax":
         raise InputError("--matryoshka cannot be used with the softmax loss (its classifier reads the full vector)")
     if loss == "triplet" and not data.negative_columns:
