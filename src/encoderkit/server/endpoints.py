@@ -116,24 +116,32 @@ def _name(field: str, index: int, single: bool) -> str:
     return field if single else f"{field}[{index}]"
 
 
-def tokenize(model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None, *, max_length: int,
-             truncate: bool, names: Sequence[str]) -> list[Any]:
-    """Encodings (the tokenizers library's) of texts or pairs; one longer than ``max_length`` tokens is cut to it
-    with ``truncate``, else it is a 413 that names it."""
-    tokenizer = model.tokenizer
-    encodings = tokenizer.encode_raw(list(texts), None if pairs is None else list(pairs), truncation=False)
-    long = [i for i, encoding in enumerate(encodings) if len(encoding.ids) > max_length]
-    if long and not truncate:
-        first = long[0]
-        raise ApiError(413, f"{names[first]} is {len(encodings[first].ids)} tokens long, special tokens included; "
-                            f"model {model.name!r} reads at most {max_length}: shorten it, or send "
-                            "\"truncate\": true to cut it")
-    if long:
-        cut = tokenizer.encode_raw([texts[i] for i in long], None if pairs is None else [pairs[i] for i in long],
-                                   max_length=max_length)
-        for i, encoding in zip(long, cut):
-            encodings[i] = encoding
-    return encodings
+async def tokenize(state: ServerState, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                   *, max_length: int | None = None, truncate: bool = False, names: Sequence[str] = (),
+                   add_special_tokens: bool = True) -> list[Any]:
+    """Encodings (the tokenizers library's) of texts or pairs, made on the server's tokenizer thread (the event loop
+    goes on; tokenising overlaps the model's work). One longer than ``max_length`` tokens is cut to it with
+    ``truncate``, else it is a 413 that names it (``names[i]``); ``max_length`` None: no limit."""
+    def run() -> list[Any]:
+        tokenizer = model.tokenizer
+        encodings = tokenizer.encode_raw(list(texts), None if pairs is None else list(pairs), truncation=False,
+                                         add_special_tokens=add_special_tokens)
+        if max_length is None:
+            return encodings
+        long = [i for i, encoding in enumerate(encodings) if len(encoding.ids) > max_length]
+        if long and not truncate:
+            first = long[0]
+            raise ApiError(413, f"{names[first]} is {len(encodings[first].ids)} tokens long, special tokens "
+                                f"included; model {model.name!r} reads at most {max_length}: shorten it, or send "
+                                "\"truncate\": true to cut it")
+        if long:
+            cut = tokenizer.encode_raw([texts[i] for i in long], None if pairs is None else [pairs[i] for i in long],
+                                       max_length=max_length)
+            for i, encoding in zip(long, cut):
+                encodings[i] = encoding
+        return encodings
+
+    return await state.tokenizing(run)
 
 
 def endpoint(path: str, schema: type[BaseModel], summary: str) -> Callable[[Callable[..., Any]], Any]:
@@ -174,7 +182,8 @@ async def embed_texts(state: ServerState, request: Request, model: ServedModel, 
         raise ApiError(422, f"dimensions: must be between 1 and {size} (model {model.name!r} gives {size}-dim "
                             f"vectors), found {dimensions}")
     names = [_name(field, i, single) for i in range(len(texts))]
-    encodings = tokenize(model, texts, None, max_length=model.max_length("embed"), truncate=truncate, names=names)
+    encodings = await tokenize(state, model, texts, max_length=model.max_length("embed"), truncate=truncate,
+                               names=names)
     rows = await state.run(request, model, "embed", [(e.ids, e.type_ids) for e in encodings],
                       [len(e.ids) for e in encodings])
     vectors = np.stack(rows).astype(np.float32, copy=False)
@@ -219,7 +228,7 @@ async def rerank(request: Request) -> JSONResponse:
     if not body.query:
         raise ApiError(422, "query: the text is empty")
     texts, _ = texts_of(state, body.texts, "texts")
-    encodings = tokenize(model, [body.query] * len(texts), texts, max_length=model.max_length("rerank"),
+    encodings = await tokenize(state, model, [body.query] * len(texts), texts, max_length=model.max_length("rerank"),
                          truncate=body.truncate, names=[f"query + texts[{i}]" for i in range(len(texts))])
     logits = await state.run(request, model, "rerank", [(e.ids, e.type_ids) for e in encodings],
                         [len(e.ids) for e in encodings])
@@ -268,8 +277,9 @@ async def predict(request: Request) -> JSONResponse:
     for with_pair in (False, True):  # singles and pairs tokenise apart
         rows = [i for i, pair in enumerate(pairs) if (pair is not None) == with_pair]
         if rows:
-            found = tokenize(model, [texts[i] for i in rows], [pairs[i] for i in rows] if with_pair else None,
-                             max_length=max_length, truncate=body.truncate, names=[names[i] for i in rows])
+            found = await tokenize(state, model, [texts[i] for i in rows],
+                                   [pairs[i] for i in rows] if with_pair else None, max_length=max_length,
+                                   truncate=body.truncate, names=[names[i] for i in rows])
             for i, encoding in zip(rows, found):
                 encodings[i] = encoding
     logits = np.stack(await state.run(request, model, "predict", [(e.ids, e.type_ids) for e in encodings],
@@ -293,7 +303,7 @@ async def predict(request: Request) -> JSONResponse:
 async def ner(request: Request) -> JSONResponse:
     state, body, model = await begin(request, NerRequest, "ner")
     texts, single = texts_of(state, body.inputs, "inputs")
-    costs = [len(e.ids) for e in model.tokenizer.encode_raw(texts, truncation=False)]  # read in windows: no limit
+    costs = [len(e.ids) for e in await tokenize(state, model, texts)]  # read in windows: no length limit
     found = await state.run(request, model, "ner", texts, costs)
     answers = [[{"label": e.type, "text": e.text, "start": e.start, "end": e.end, "score": e.score} for e in entities]
                for entities in found]
@@ -306,7 +316,7 @@ async def qa(request: Request) -> JSONResponse:
     for field in ("question", "context"):
         if not getattr(body, field).strip():
             raise ApiError(422, f"{field}: the text is empty")
-    cost = len(model.tokenizer.encode_raw([body.question], [body.context], truncation=False)[0].ids)
+    cost = len((await tokenize(state, model, [body.question], [body.context]))[0].ids)
     (answer,) = await state.run(request, model, "qa", [(body.question, body.context)], [cost])
     if answer is None:
         return JSONResponse({"answer": "", "start": 0, "end": 0, "score": 0.0})
@@ -320,8 +330,8 @@ async def fill_mask(request: Request) -> JSONResponse:
     if not 1 <= body.top_k <= 100:
         raise ApiError(422, f"top_k: must be between 1 and 100, found {body.top_k}")
     mask = model.tokenizer.mask_token
-    encodings = tokenize(model, texts, None, max_length=model.max_length("fill-mask"), truncate=False,
-                         names=[_name("inputs", i, single) for i in range(len(texts))])
+    encodings = await tokenize(state, model, texts, max_length=model.max_length("fill-mask"),
+                               names=[_name("inputs", i, single) for i in range(len(texts))])
     for index, encoding in enumerate(encodings):
         if model.tokenizer.mask_token_id not in encoding.ids:
             raise ApiError(422, f"{_name('inputs', index, single)}: the text has no {mask} token to fill")
@@ -342,7 +352,7 @@ async def fill_mask(request: Request) -> JSONResponse:
 async def tokenize_route(request: Request) -> JSONResponse:
     state, body, model = await begin(request, TokenizeRequest)
     texts, _ = texts_of(state, body.inputs, "inputs")
-    encodings = model.tokenizer.encode_raw(texts, truncation=False, add_special_tokens=body.add_special_tokens)
+    encodings = await tokenize(state, model, texts, add_special_tokens=body.add_special_tokens)
     answer = []
     for text, encoding in zip(texts, encodings):
         tokens = []
