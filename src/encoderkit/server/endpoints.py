@@ -144,6 +144,13 @@ async def tokenize(state: ServerState, model: ServedModel, texts: Sequence[str],
     return await state.tokenizing(run)
 
 
+async def run_sequences(state: ServerState, request: Request, model: ServedModel, kind: str,
+                        encodings: Sequence[Any]) -> list[Any]:
+    """The ``kind`` work on tokenised sequences, one batcher item each (costing its tokens): a result each."""
+    return await state.run(request, model, kind, [(e.ids, e.type_ids) for e in encodings],
+                           [len(e.ids) for e in encodings])
+
+
 def endpoint(path: str, schema: type[BaseModel], summary: str) -> Callable[[Callable[..., Any]], Any]:
     """Registers ``POST path``, documenting ``schema`` as its JSON body (the handler parses it itself, see
     ``begin``); a client that disconnected before its answer gets none (a 499 in the metrics)."""
@@ -184,8 +191,7 @@ async def embed_texts(state: ServerState, request: Request, model: ServedModel, 
     names = [_name(field, i, single) for i in range(len(texts))]
     encodings = await tokenize(state, model, texts, max_length=model.max_length("embed"), truncate=truncate,
                                names=names)
-    rows = await state.run(request, model, "embed", [(e.ids, e.type_ids) for e in encodings],
-                      [len(e.ids) for e in encodings])
+    rows = await run_sequences(state, request, model, "embed", encodings)
     vectors = np.stack(rows).astype(np.float32, copy=False)
     if dimensions is not None:
         vectors = vectors[:, :dimensions]
@@ -230,8 +236,7 @@ async def rerank(request: Request) -> JSONResponse:
     texts, _ = texts_of(state, body.texts, "texts")
     encodings = await tokenize(state, model, [body.query] * len(texts), texts, max_length=model.max_length("rerank"),
                          truncate=body.truncate, names=[f"query + texts[{i}]" for i in range(len(texts))])
-    logits = await state.run(request, model, "rerank", [(e.ids, e.type_ids) for e in encodings],
-                        [len(e.ids) for e in encodings])
+    logits = await run_sequences(state, request, model, "rerank", encodings)
     scores = activate(np.array([row[0] for row in logits]), "none" if body.raw_scores else "sigmoid")
     return JSONResponse(ranked(scores, texts, return_text=body.return_text))
 
@@ -282,8 +287,7 @@ async def predict(request: Request) -> JSONResponse:
                                    truncate=body.truncate, names=[names[i] for i in rows])
             for i, encoding in zip(rows, found):
                 encodings[i] = encoding
-    logits = np.stack(await state.run(request, model, "predict", [(e.ids, e.type_ids) for e in encodings],
-                                 [len(e.ids) for e in encodings]))
+    logits = np.stack(await run_sequences(state, request, model, "predict", encodings))
     labels = model.config.labels
     if body.raw_scores:
         scores = logits
@@ -336,7 +340,7 @@ async def fill_mask(request: Request) -> JSONResponse:
         if model.tokenizer.mask_token_id not in encoding.ids:
             raise ApiError(422, f"{_name('inputs', index, single)}: the text has no {mask} token to fill")
     found = await state.run(request, model, "fill-mask", [(text, body.top_k) for text in texts],
-                       [len(e.ids) for e in encodings])
+                            [len(e.ids) for e in encodings])
     answers = []
     for per_mask in found:  # one mask: a list of predictions; several: a list per mask (as transformers answers)
         shaped = [[{"token": p.token_id, "token_str": p.token, "score": p.score, "sequence": p.sequence}
