@@ -165,6 +165,13 @@ def test_no_cors_by_default_and_the_given_origins_only(registry):
         ("POST", "/embed", {"json": GOOD, "headers": {"Origin": "http://elsewhere.example"}})], settings)
     assert allowed.headers["access-control-allow-origin"] == "http://studio.example"
     assert "access-control-allow-origin" not in other.headers
+    keyed = ServerSettings(cors_origins=("http://studio.example",), api_key="k")
+    preflight = {**origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization",
+                 "Authorization": ""}  # no key
+    (answer,) = exchange(registry, [("OPTIONS", "/embed", {"headers": preflight})], keyed,
+                         headers={"Authorization": "Bearer k"})
+    assert answer.status_code == 200  # a browser's preflight carries no key: answered before the key is asked for
+    assert answer.headers["access-control-allow-origin"] == "http://studio.example"
 
 
 # ----- 429 and 504: concurrency and time ----------------------------------------------------------------
