@@ -181,3 +181,50 @@ def test_cli_bad_input_exits_2(case, tiny, trained, tmp_path, capsys):
                 "label-text": "is not a number", "empty-candidates": "holds no texts",
                 "not-a-reranker": "", "embedder-alone": "--mine-negatives"}[case]
     assert expected in err
+
+
+def test_rerank_rankings_reorders_only_the_top_candidates():
+    """Hand-built: the cross-encoder's logits re-order each query's first N documents; the rest keep their places."""
+    from encoderkit.embeddings.evaluation import rerank_rankings, retrieval_metrics
+
+    class Fixed:  # a reranker whose logit is a fixed number per passage
+        def logits(self, queries, passages):
+            return np.array([[{"a": 0.1, "b": 0.9, "c": 0.5, "d": 5.0}[p]] for p in passages], dtype=np.float32)
+
+    corpus = {doc: doc for doc in "abcd"}
+    rankings = {"q1": ["a", "b", "c", "d"], "q2": ["c", "a", "d", "b"]}
+    reranked = rerank_rankings(Fixed(), {"q1": "x", "q2": "y"}, corpus, rankings, top=3)
+    assert reranked == {"q1": ["b", "c", "a", "d"], "q2": ["d", "c", "a", "b"]}
+    # q1's relevant "b" moves from rank 2 to 1: MRR@10 goes from 1/2 to 1.
+    assert retrieval_metrics(reranked, {"q1": {"b"}})["mrr@10"] == 1.0
+    assert retrieval_metrics(rankings, {"q1": {"b"}})["mrr@10"] == 0.5
+
+
+def test_eval_retrieval_with_rerank_equals_scoring_by_hand(trained, tmp_path, capsys):
+    """`eval-retrieval --rerank`: bi-encoder top N re-ordered by Reranker.scores, scored by retrieval_metrics."""
+    from encoderkit import Embedder
+    from encoderkit.embeddings.evaluation import retrieval_metrics
+
+    queries = {f"q{i}": q for i, q in enumerate(dict.fromkeys(q for q, _, _ in PAIRS))}
+    corpus = {f"d{i}": p for i, (_, p, _) in enumerate(PAIRS)}
+    qrels = {qid: {f"d{i}"} for qid, q in queries.items() for i, (q2, _, label) in enumerate(PAIRS)
+             if q2 == q and label >= 0.5}
+    (tmp_path / "q.tsv").write_text("".join(f"{k}\t{v}\n" for k, v in queries.items()))
+    (tmp_path / "c.tsv").write_text("".join(f"{k}\t{v}\n" for k, v in corpus.items()))
+    (tmp_path / "r.tsv").write_text("".join(f"{q}\t{d}\n" for q, docs in qrels.items() for d in docs))
+    assert main(["eval-retrieval", "default", "--queries", str(tmp_path / "q.tsv"), "--corpus", str(tmp_path / "c.tsv"),
+                 "--qrels", str(tmp_path / "r.tsv"), "--rerank", str(trained.out_dir), "--candidates", "4", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+
+    embedder, reranker = Embedder.from_pretrained(None), Reranker.from_pretrained(trained.out_dir)
+    ids = list(corpus)
+    docs = embedder.encode([corpus[d] for d in ids], normalize=True)
+    expected = {}
+    for qid, text in queries.items():
+        similarity = docs @ embedder.encode(text, normalize=True)
+        ranking = [ids[i] for i in sorted(range(len(ids)), key=lambda i: (-similarity[i], ids[i]))]
+        scores = reranker.scores(text, [corpus[d] for d in ranking[:4]])
+        top = [ranking[i] for i in np.argsort(-scores, kind="stable")]
+        expected[qid] = top + ranking[4:]
+    for name, value in retrieval_metrics(expected, qrels).items():
+        assert got[name] == pytest.approx(value, abs=1e-6), name

@@ -71,11 +71,14 @@ def eval_sts(path: str, model: str | None, dtype: str, truncate_dim: int | None)
 @click.option("--batch-size", type=int, default=64, show_default=True, help="texts per forward pass (at most)")
 @dtype_option()
 @truncate_dim_option("evaluate the first N dimensions of each embedding")
+@click.option("--rerank", "rerank_model", default=None,
+              help="a cross-encoder (encoderkit train-reranker) that re-orders each query's top --candidates")
+@click.option("--candidates", type=int, default=20, show_default=True, help="with --rerank: hits to re-order")
 @json_option()
 def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: str, batch_size: int, dtype: str,
-                   truncate_dim: int | None, as_json: bool) -> None:
+                   truncate_dim: int | None, rerank_model: str | None, candidates: int, as_json: bool) -> None:
     """nDCG@10, MRR@10, Recall@1/10/100 and MAP@100 of exact cosine search with MODEL (as sentence-transformers'
-    InformationRetrievalEvaluator computes them)."""
+    InformationRetrievalEvaluator computes them); with --rerank, of the search reranked by a cross-encoder."""
     from ..embeddings.evaluation import evaluate_retrieval, read_qrels, read_texts_tsv
     from ..errors import InputError
     from ..tasks.embed import Embedder
@@ -86,8 +89,16 @@ def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: 
     queries = read_texts_tsv(queries_path, "queries")
     corpus = read_texts_tsv(corpus_path, "documents")
     qrels = read_qrels(qrels_path, queries=queries, corpus=corpus)
+    if candidates < 1:
+        raise InputError(f"--candidates must be at least 1, found {candidates}")
     embedder = Embedder.from_pretrained(None if model == "default" else model, dtype=dtype, truncate_dim=truncate_dim)
-    metrics = evaluate_retrieval(embedder, queries, corpus, qrels, batch_size=batch_size)
+    reranker = None
+    if rerank_model is not None:
+        from ..tasks.rerank import Reranker
+
+        reranker = Reranker.from_pretrained(rerank_model, dtype=dtype)
+    metrics = evaluate_retrieval(embedder, queries, corpus, qrels, batch_size=batch_size, reranker=reranker,
+                                 rerank_top=candidates)
     counts = {"queries": sum(1 for relevant in qrels.values() if any(g > 0 for g in relevant.values())),
               "corpus": len(corpus)}
     if as_json:
