@@ -295,6 +295,74 @@ def run_reranker(work: Path, threads: int, epochs: float, embedders: dict[str, s
             "validation": result.metrics, "rows": rows}
 
 
+# ---------------------------------------------------------------------------------------------------- report
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def render(r: dict[str, Any]) -> list[str]:
+    """The BENCHMARKS.md section (bench/report.py calls it)."""
+    flags = ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in r["machine"]["cpu_flags"].items())
+    h, squad = r["hyperparameters"], r["squad"]
+    lines = ["## Training embedders and a reranker: encoderkit vs SentenceTransformerTrainer (`bench/train_embedder.py`)",
+             "", f"CPU flags: {flags}; torch threads: {r['threads']}. Both trainers start from all-MiniLM-L6-v2 with "
+             f"the same data and hyperparameters: {h['epochs']:g} epoch, seed {h['seed']}, AdamW lr {h['learning_rate']:g}, "
+             f"{h['warmup_ratio']:.0%} warm-up then linear decay, weight decay {h['weight_decay']}, eps {h['adam_eps']:g}, "
+             f"clipping {h['max_grad_norm']}, fp32, max length {h['max_length']}, scale {h['scale']:g}. Each trainer is a "
+             f"process of its own and they take turns of {r['chunk']} optimizer steps (bench/turns.py); training time "
+             "excludes set-up and evaluation. Every model is scored by the same code from its saved directory.", ""]
+    if "mnrl" in r:
+        m = r["mnrl"]
+        lines += [f"### MNRL on SQuAD question -> paragraph (batch {m['batch_size']}, batches without repeated texts)", "",
+                  f"Training: {squad['train_pairs']:,} pairs of articles {squad['train_articles'][0]} ... "
+                  f"{squad['train_articles'][-1]} ({len(squad['train_articles'])} articles). Validation: the "
+                  f"{squad['valid_queries']:,} questions of the held-out articles {', '.join(squad['valid_articles'])} "
+                  f"against their {squad['valid_corpus']} paragraphs.", ""]
+        rows = [[row["model"], f"{row['metrics']['ndcg@10']:.4f}", f"{row['metrics']['mrr@10']:.4f}",
+                 f"{row['metrics']['recall@1']:.4f}", f"{row['metrics']['recall@10']:.4f}",
+                 f"{row['metrics']['map@100']:.4f}", f"{row['train_seconds']:,.0f}" if "train_seconds" in row else "",
+                 f"{row['examples_per_second']:.2f}" if "examples_per_second" in row else ""] for row in m["rows"]]
+        lines += _table(["model", "nDCG@10", "MRR@10", "Recall@1", "Recall@10", "MAP@100", "train s", "pairs/s"], rows)
+        lines += ["", f"encoderkit vs sentence-transformers: **{m['speedup']:.2f}x** the training speed; nDCG@10 "
+                      f"{m['quality_difference_points']:+.2f} points (goal: >= -0.5 and >= 1.5x).", ""]
+    if "cosent" in r:
+        c = r["cosent"]
+        lines += [f"### CoSENT on STS-B train (batch {c['batch_size']}, scores / 5), Spearman on STS-B dev", ""]
+        rows = [[row["model"], f"{100 * row['metrics']['spearman']:.2f}",
+                 f"{row['train_seconds']:,.0f}" if "train_seconds" in row else "",
+                 f"{row['examples_per_second']:.1f}" if "examples_per_second" in row else ""] for row in c["rows"]]
+        lines += _table(["model", "Spearman x 100", "train s", "pairs/s"], rows)
+        lines += ["", f"encoderkit vs sentence-transformers: **{c['speedup']:.2f}x** the training speed; Spearman "
+                      f"{c['quality_difference_points']:+.2f} points (goal: >= -0.3 and faster).", ""]
+    if "memory" in r:
+        mem = r["memory"]
+        lines += ["### Memory of cached MNRL (GradCache)", "",
+                  "Peak RSS of a fresh process that loads the model and trains one step on the SQuAD pairs "
+                  "(`os.wait4`'s ru_maxrss).", ""]
+        rows = [[row["loss"], str(row["batch_size"]), str(row["mini_batch_size"] or ""), f"{row['peak_rss_mib']:,.0f}",
+                 f"{row['seconds']:.0f}"] for row in mem["rows"]]
+        lines += _table(["loss", "batch", "mini-batch", "peak RSS MiB", "s (with set-up)"], rows)
+        diff = mem["cached_512_minus_mnrl_32_mib"]
+        lines += ["", f"Cached MNRL at batch 512 minus MNRL at batch 32: **{diff:+,.0f} MiB** (goal: at most "
+                      f"+{mem['limit_mib']:,} MiB).", ""]
+    if "reranker" in r:
+        rr = r["reranker"]
+        lines += ["### A cross-encoder reranking the bi-encoder's top 20 (held-out SQuAD articles)", "",
+                  f"Trained from all-MiniLM-L6-v2 on the {squad['train_pairs']:,} training pairs plus "
+                  f"{rr['negatives_per_positive']} hard negative per question mined with the base embedder "
+                  f"({rr['train_pairs']:,} pairs with 5% carved for validation, {rr['steps']} steps, "
+                  f"{rr['train_seconds']:,.0f} s, max length {rr['max_length']}); the bi-encoder's top "
+                  f"{rr['rerank_top']} re-ordered by its logits.", ""]
+        rows = []
+        for row in rr["rows"]:
+            for label, metrics in (("alone", row["alone"]), ("reranked", row["reranked"])):
+                rows.append([row["bi_encoder"], label, f"{metrics['ndcg@10']:.4f}", f"{metrics['mrr@10']:.4f}",
+                             f"{metrics['recall@1']:.4f}", f"{metrics['recall@10']:.4f}"])
+        lines += _table(["bi-encoder", "", "nDCG@10", "MRR@10", "Recall@1", "Recall@10"], rows) + [""]
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------------- main
 
 def main() -> None:

@@ -191,3 +191,4 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path: Path, minilm_dir:
     texts = [q for q, _ in QA]
     np.testing.assert_allclose(Embedder.from_pretrained(out / "final").encode(texts),
                                Embedder.from_pretrained(tmp_path / "whole" / "final").encode(texts), atol=1e-6)
+
