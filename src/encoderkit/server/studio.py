@@ -28,6 +28,10 @@ from ..analysis.attention import MASKS, AttentionAnalyzer, AttentionMaps, HeadSt
 from ..errors import EncoderkitError, InputError
 
 STATIC_DIR = Path(__file__).with_name("static")
+STATIC_PREFIX = "/studio/static"
+# What a browser fetches before it can send a key: the page, its script and its style sheet. They hold no data, so
+# an API key guards the JSON routes, not these (the server's guard asks ``is_public``).
+PUBLIC_PATHS = frozenset({"/"})
 MAX_TEXT_CHARS = 2000  # text and pair together; beyond it 413 before anything is tokenised
 MAX_TOKENS = 128  # a heatmap of 128 x 128 cells is as much as a page can show and read
 CACHED_INPUTS = 4  # inputs whose maps (every layer and head, both masks) are kept
@@ -177,6 +181,11 @@ class Studio:
         return item
 
 
+def is_public(path: str) -> bool:
+    """Whether ``path`` is the studio's page or one of its static files (served without an API key)."""
+    return path in PUBLIC_PATHS or path.startswith(STATIC_PREFIX + "/")
+
+
 def head_summary(statistics: HeadStatistics, layer: int, head: int) -> dict[str, float]:
     """One head's shares per category and its entropy (nats), as plain floats."""
     summary = {name: float(statistics.shares[name][layer, head]) for name in statistics.categories}
@@ -248,4 +257,4 @@ def mount_studio(app: FastAPI, registry: Registry) -> None:
         except InputError as exc:
             return error(StudioError(422, str(exc)))
 
-    app.mount("/studio/static", StaticFiles(directory=STATIC_DIR), name="studio-static")
+    app.mount(STATIC_PREFIX, StaticFiles(directory=STATIC_DIR), name="studio-static")
