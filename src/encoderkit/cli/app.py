@@ -19,6 +19,7 @@ from .models import info, models
 from .rerank import rerank, train_reranker_cmd
 from .scan import scan
 from .sentence import train_embedder_cmd
+from .serve import serve
 from .tasks import classify, evaluate, fill_mask, finetune, ner, predict, qa
 from .train import pretrain, train_tokenizer_cmd
 
@@ -74,7 +75,7 @@ def cli(verbose: int) -> None:
 
 for _command in (info, models, demo, embed, eval_sts, eval_retrieval, mine_negatives, index, search, train_tokenizer_cmd, pretrain,
                  finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan,
-                 train_embedder_cmd, train_reranker_cmd, rerank):
+                 train_embedder_cmd, train_reranker_cmd, rerank, serve):
     cli.add_command(_command)
 del _command
 

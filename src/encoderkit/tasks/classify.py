@@ -56,6 +56,14 @@ class Classifier(TaskPipeline):
         each (texts, hidden) float32. For detectors that work on the classifier's own representation."""
         if isinstance(texts, str):
             raise InputError("pass a list of texts")
+        encodings = self.tokenizer.encode_raw(texts, pairs, max_length=self.max_length) if len(texts) else []
+        return self.logits_and_features_of_tokens([e.ids for e in encodings], [e.type_ids for e in encodings],
+                                                  features=features)
+
+    def logits_and_features_of_tokens(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None,
+                                      *, features: Sequence[str] = ()
+                                      ) -> tuple[np.ndarray | dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``logits_and_features`` of sequences tokenised by the caller (each at most ``max_length`` tokens)."""
         unknown = set(features) - {"cls", "mean", "pooled"}
         if unknown:
             raise InputError(f"unknown features {sorted(unknown)}; choose from cls, mean, pooled")
@@ -63,11 +71,9 @@ class Classifier(TaskPipeline):
         if "pooled" in features and pooler is None:
             raise InputError(f"{self.config.model_type} has no pooler; use the cls or mean features")
         heads = self.model.heads if self.model.task == "multitask" else {"": self.model.classifier}
-        out = {name: np.zeros((len(texts), len(self._labels(name))), dtype=np.float32) for name in heads}
-        found = {name: np.zeros((len(texts), self.config.hidden_size), dtype=np.float32) for name in features}
-        if texts:
-            encodings = self.tokenizer.encode_raw(texts, pairs, max_length=self.max_length)
-            ids, types = [e.ids for e in encodings], [e.type_ids for e in encodings]
+        out = {name: np.zeros((len(ids), len(self._labels(name))), dtype=np.float32) for name in heads}
+        found = {name: np.zeros((len(ids), self.config.hidden_size), dtype=np.float32) for name in features}
+        if len(ids):
             with torch.inference_mode():
                 for indices, hidden, batch in self._encode(ids, types):
                     first = batch.first_tokens(hidden)  # [CLS]: (batch, hidden)

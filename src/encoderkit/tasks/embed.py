@@ -63,11 +63,13 @@ class Embedder:
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, pooling: str | None = None,
-                        normalize: bool | None = None, max_length: int | None = None, **options) -> "Embedder":
+                        normalize: bool | None = None, max_length: int | None = None, allow_pickle: bool = False,
+                        **options) -> "Embedder":
+        """``allow_pickle``: read a pytorch_model.bin (weights only) where there is no safetensors file."""
         from ..modeling.models import load_model
 
         resolved = resolve_model(path)
-        model = load_model(resolved.root, task="base")
+        model = load_model(resolved.root, task="base", allow_pickle=allow_pickle)
         tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
         info = resolved.sentence_transformer
         return cls(
@@ -127,25 +129,30 @@ class Embedder:
         out = torch.zeros(len(texts), self.dimension, dtype=torch.float32)
         if len(texts):
             ids, types, owner = self._tokenize(texts)
-            windows = len(ids) > len(texts)
-            weights = torch.zeros(len(texts), dtype=torch.float32)
-            for batch_indices, hidden, batch in self.engine.run(ids, types, max_batch_size=batch_size):
-                vectors = pool_packed(hidden, batch, self.pooling)
-                rows = torch.from_numpy(owner[batch_indices])
-                if windows:  # a text's windows are averaged, weighted by their token counts
-                    piece_weights = batch.lengths.to(torch.float32)
-                    out.index_add_(0, rows, vectors * piece_weights[:, None])
-                    weights.index_add_(0, rows, piece_weights)
-                else:
-                    out[rows] = vectors
-                if progress is not None and not windows:
-                    progress(len(batch_indices))
-            if windows:
-                out /= weights[:, None]
+            if len(ids) > len(texts):  # a text's windows are averaged, weighted by their token counts
+                pieces = self.encode_tokens(ids, types, batch_size=batch_size)
+                rows = torch.from_numpy(owner)
+                weights = torch.tensor([len(piece) for piece in ids], dtype=torch.float32)
+                totals = torch.zeros(len(texts), dtype=torch.float32).index_add_(0, rows, weights)
+                out = out.index_add_(0, rows, pieces * weights[:, None]) / totals[:, None]
+            else:
+                out = self.encode_tokens(ids, types, batch_size=batch_size, progress=progress)
             if normalize:
                 out = F.normalize(out, p=2, dim=1)
         result = out[0] if single else out
         return result.numpy() if convert_to == "numpy" else result
+
+    def encode_tokens(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
+                      batch_size: int | None = None, progress: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Pooled, unnormalised vectors of sequences tokenised by the caller (one row each, in input order):
+        for a caller that tokenises anyway (the server counts tokens and checks lengths before queueing)."""
+        out = torch.zeros(len(ids), self.dimension, dtype=torch.float32)
+        if len(ids):
+            for batch_indices, hidden, batch in self.engine.run(ids, types, max_batch_size=batch_size):
+                out[torch.from_numpy(batch_indices)] = pool_packed(hidden, batch, self.pooling)
+                if progress is not None:
+                    progress(len(batch_indices))
+        return out
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -33,16 +33,11 @@ class Reranker(Classifier):
             raise InputError("the query must be one string")
         if isinstance(passages, str):
             raise InputError("pass a list of passages")
-        activation = activation or "none"
-        if activation not in ACTIVATIONS:
-            raise InputError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+        check_activation(activation)
         passages = list(passages)
         if not passages:
             return np.zeros(0, dtype=np.float32)
-        logits = self.logits([query] * len(passages), passages)[:, 0]
-        if activation == "sigmoid":
-            logits = (1.0 / (1.0 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
-        return logits
+        return activate(self.logits([query] * len(passages), passages)[:, 0], activation)
 
     def rank(self, query: str, passages: Sequence[str], top_k: int | None = None, return_text: bool = False, *,
              activation: str | None = None) -> list[dict]:
@@ -50,12 +45,29 @@ class Reranker(Classifier):
         if top_k is not None and top_k < 1:
             raise InputError(f"top_k must be at least 1, found {top_k}")
         passages = list(passages)
-        values = self.scores(query, passages, activation=activation)
-        order = np.argsort(-values, kind="stable")[:top_k]
-        ranked = []
-        for i in order:
-            row = {"index": int(i), "score": float(values[i])}
-            if return_text:
-                row["text"] = passages[i]
-            ranked.append(row)
-        return ranked
+        return ranked(self.scores(query, passages, activation=activation), passages, top_k, return_text)
+
+
+def check_activation(activation: str | None) -> str:
+    if (activation or "none") not in ACTIVATIONS:
+        raise InputError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+    return activation or "none"
+
+
+def activate(logits: np.ndarray, activation: str | None) -> np.ndarray:
+    """The raw logits (activation None or "none"), or their sigmoid (float32 either way)."""
+    if check_activation(activation) == "sigmoid":
+        return (1.0 / (1.0 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
+    return logits.astype(np.float32, copy=False)
+
+
+def ranked(scores: np.ndarray, passages: Sequence[str], top_k: int | None = None,
+           return_text: bool = False) -> list[dict]:
+    """[{"index", "score"[, "text"]}] by descending score (ties keep input order), at most top_k."""
+    rows = []
+    for i in np.argsort(-scores, kind="stable")[:top_k]:
+        row = {"index": int(i), "score": float(scores[i])}
+        if return_text:
+            row["text"] = passages[i]
+        rows.append(row)
+    return rows

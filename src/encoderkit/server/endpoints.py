@@ -1,0 +1,403 @@
+"""The model endpoints. Each handler checks its input, tokenises it once on the event loop (to count tokens,
+enforce the length limit and report usage), queues one item per sequence on its model's batcher, and shapes the
+answer; the model runs in the batcher's worker thread through the task pipelines (``encoderkit.tasks``).
+
+The ``RUNNERS`` are what the worker thread runs on a batch of items, one per kind of work.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from ..tasks.rerank import activate, ranked
+from .errors import ApiError, describe_validation_errors
+from .registry import ServedModel
+from .schemas import (EmbedRequest, FillMaskRequest, NerRequest, OpenAIEmbeddingRequest, PredictRequest, QaRequest,
+                      RerankRequest, SearchRequest, TokenizeRequest)
+from .state import ClientGone, ServerState, client_gone_response
+
+Body = TypeVar("Body", bound=BaseModel)
+router = APIRouter()
+MAX_SEARCH_K = 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# What the worker thread runs: a batch of items in, one result per item out
+# ---------------------------------------------------------------------------------------------
+def _run_embed(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
+    embedder = model.pipeline("embed")
+    return lambda items: embedder.encode_tokens([ids for ids, _ in items], [types for _, types in items]).numpy()
+
+
+def _run_classify(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
+    classifier = model.pipeline("predict")
+    return lambda items: classifier.logits_and_features_of_tokens([i for i, _ in items], [t for _, t in items])[0]
+
+
+def _run_ner(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
+    return model.pipeline("ner")
+
+
+def _run_qa(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
+    answerer = model.pipeline("qa")
+
+    def run(items: list[tuple[str, str]]) -> list[Any]:
+        return [answers[0] if answers else None
+                for answers in answerer([q for q, _ in items], [c for _, c in items])]
+
+    return run
+
+
+def _run_fill_mask(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
+    fill = model.pipeline("fill-mask")
+
+    def run(items: list[tuple[str, int]]) -> list[Any]:
+        results = fill([text for text, _ in items], top_k=max(k for _, k in items))
+        return [[predictions[:k] for predictions in per_mask] for per_mask, (_, k) in zip(results, items)]
+
+    return run
+
+
+RUNNERS = {"embed": _run_embed, "classify": _run_classify, "ner": _run_ner, "qa": _run_qa,
+           "fill-mask": _run_fill_mask}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a request
+# ---------------------------------------------------------------------------------------------
+async def parse(request: Request, schema: type[Body]) -> Body:
+    """The body as ``schema``: 400 for a body that is not UTF-8 JSON, 422 naming the field for a wrong value."""
+    body = await request.body()
+    if not body.strip():
+        raise ApiError(400, f"the request body is empty; send a JSON object ({_fields(schema)})")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start}); send JSON encoded as UTF-8")
+    try:
+        return schema.model_validate_json(text)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
+            raise ApiError(400, f"the request body is not valid JSON ({detail}); send a JSON object "
+                                f"({_fields(schema)})")
+        raise ApiError(422, describe_validation_errors(errors))
+
+
+def _fields(schema: type[BaseModel]) -> str:
+    return "fields: " + ", ".join(schema.model_fields)
+
+
+def texts_of(state: ServerState, value: str | list[str], field: str) -> tuple[list[str], bool]:
+    """(the texts, whether one text was sent); 422 for none or an empty one, 413 beyond the client batch size."""
+    single = isinstance(value, str)
+    texts = [value] if single else list(value)
+    if not texts:
+        raise ApiError(422, f"{field}: the list is empty; send at least one text")
+    limit = state.settings.max_client_batch_size
+    if len(texts) > limit:
+        raise ApiError(413, f"{field}: {len(texts)} inputs in one request; the server takes at most {limit} "
+                            "(--max-client-batch-size): split the request")
+    for index, text in enumerate(texts):
+        if not text:
+            raise ApiError(422, f"{_name(field, index, single)}: the text is empty")
+    return texts, single
+
+
+def _name(field: str, index: int, single: bool) -> str:
+    return field if single else f"{field}[{index}]"
+
+
+def tokenize(model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None, *, max_length: int,
+             truncate: bool, names: Sequence[str]) -> list[Any]:
+    """Encodings (the tokenizers library's) of texts or pairs; one longer than ``max_length`` tokens is cut to it
+    with ``truncate``, else it is a 413 that names it."""
+    tokenizer = model.tokenizer
+    encodings = tokenizer.encode_raw(list(texts), None if pairs is None else list(pairs), truncation=False)
+    long = [i for i, encoding in enumerate(encodings) if len(encoding.ids) > max_length]
+    if long and not truncate:
+        first = long[0]
+        raise ApiError(413, f"{names[first]} is {len(encodings[first].ids)} tokens long, special tokens included; "
+                            f"model {model.name!r} reads at most {max_length}: shorten it, or send "
+                            "\"truncate\": true to cut it")
+    if long:
+        cut = tokenizer.encode_raw([texts[i] for i in long], None if pairs is None else [pairs[i] for i in long],
+                                   max_length=max_length)
+        for i, encoding in zip(long, cut):
+            encodings[i] = encoding
+    return encodings
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _docs(schema: type[BaseModel], summary: str) -> dict[str, Any]:
+    """Route options that document ``schema`` as the JSON body (the handlers parse it themselves)."""
+    return {"summary": summary, "openapi_extra": {"requestBody": {
+        "required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}}
+
+
+def guarded(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """A client that disconnected gets no answer (a 499 in the metrics)."""
+    import functools
+
+    @functools.wraps(handler)
+    async def wrapper(request: Request) -> Any:
+        try:
+            return await handler(request)
+        except ClientGone:
+            return client_gone_response()
+
+    return wrapper
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------
+async def embed_texts(request: Request, value: str | list[str], field: str, model_name: str | None, *,
+                      truncate: bool, dimensions: int | None, normalize: bool) -> tuple[np.ndarray, int, ServedModel]:
+    """(vectors (texts, dim) float32, tokens read, the model) of the request's texts."""
+    state = _state(request)
+    model = state.model_for("embed", model_name)
+    texts, single = texts_of(state, value, field)
+    size = model.config.hidden_size
+    if dimensions is not None and not 1 <= dimensions <= size:
+        raise ApiError(422, f"dimensions: must be between 1 and {size} (model {model.name!r} gives {size}-dim "
+                            f"vectors), found {dimensions}")
+    names = [_name(field, i, single) for i in range(len(texts))]
+    encodings = tokenize(model, texts, None, max_length=model.max_length("embed"), truncate=truncate, names=names)
+    rows = await state.run(request, model, "embed", [(e.ids, e.type_ids) for e in encodings],
+                      [len(e.ids) for e in encodings])
+    vectors = np.stack(rows).astype(np.float32, copy=False)
+    if dimensions is not None:
+        vectors = vectors[:, :dimensions]
+    if normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return vectors, sum(len(e.ids) for e in encodings), model
+
+
+@router.post("/embed", **_docs(EmbedRequest, "Embed texts (text-embeddings-inference): [[float]]"))
+@guarded
+async def embed(request: Request) -> JSONResponse:
+    body = await parse(request, EmbedRequest)
+    vectors, _, _ = await embed_texts(request, body.inputs, "inputs", body.model, truncate=body.truncate,
+                                      dimensions=body.dimensions, normalize=body.normalize)
+    return JSONResponse(vectors.tolist())
+
+
+@router.post("/v1/embeddings", **_docs(OpenAIEmbeddingRequest, "Embed texts (OpenAI's embeddings API)"))
+@guarded
+async def openai_embeddings(request: Request) -> JSONResponse:
+    body = await parse(request, OpenAIEmbeddingRequest)
+    vectors, tokens, model = await embed_texts(request, body.input, "input", body.model, truncate=False,
+                                               dimensions=body.dimensions, normalize=True)
+    if body.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+        encoded: list[Any] = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
+    else:
+        encoded = vectors.tolist()
+    return JSONResponse({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
+        "model": model.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-encoders and classifiers
+# ---------------------------------------------------------------------------------------------
+@router.post("/rerank", **_docs(RerankRequest, "Rank texts for a query with a cross-encoder, best first"))
+@guarded
+async def rerank(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await parse(request, RerankRequest)
+    model = state.model_for("rerank", body.model)
+    if not body.query:
+        raise ApiError(422, "query: the text is empty")
+    texts, _ = texts_of(state, body.texts, "texts")
+    encodings = tokenize(model, [body.query] * len(texts), texts, max_length=model.max_length("rerank"),
+                         truncate=body.truncate, names=[f"query + texts[{i}]" for i in range(len(texts))])
+    logits = await state.run(request, model, "rerank", [(e.ids, e.type_ids) for e in encodings],
+                        [len(e.ids) for e in encodings])
+    scores = activate(np.array([row[0] for row in logits]), "none" if body.raw_scores else "sigmoid")
+    return JSONResponse(ranked(scores, texts, return_text=body.return_text))
+
+
+def predict_inputs(state: ServerState, value: str | list[str] | list[list[str]]
+                   ) -> tuple[list[str], list[str | None], bool]:
+    """TEI's reading of "inputs": a text, a pair [text, text], or a batch [[text], [text, text], ...]."""
+    if isinstance(value, str) or (value and all(isinstance(v, str) for v in value)):
+        single = [value] if isinstance(value, str) else value
+        if len(single) not in (1, 2):
+            raise ApiError(422, f"inputs: a flat list is one text [text] or one pair [text, text], found "
+                                f"{len(single)} strings; send a batch as [[text], [text, text], ...]")
+        batch = [single]
+        one = True
+    else:
+        batch = list(value)
+        one = False
+    if not batch:
+        raise ApiError(422, "inputs: the list is empty; send at least one text")
+    limit = state.settings.max_client_batch_size
+    if len(batch) > limit:
+        raise ApiError(413, f"inputs: {len(batch)} inputs in one request; the server takes at most {limit} "
+                            "(--max-client-batch-size): split the request")
+    texts, pairs = [], []
+    for index, sequence in enumerate(batch):
+        where = "inputs" if one else f"inputs[{index}]"
+        if not isinstance(sequence, list) or len(sequence) not in (1, 2):
+            raise ApiError(422, f"{where}: expected [text] or [text, pair], found {len(sequence)} strings")
+        if not all(sequence):
+            raise ApiError(422, f"{where}: the text is empty")
+        texts.append(sequence[0])
+        pairs.append(sequence[1] if len(sequence) == 2 else None)
+    return texts, pairs, one
+
+
+@router.post("/predict", **_docs(PredictRequest, "Classify texts or pairs: labels with scores, best first"))
+@guarded
+async def predict(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await parse(request, PredictRequest)
+    model = state.model_for("predict", body.model)
+    texts, pairs, one = predict_inputs(state, body.inputs)
+    names = ["inputs" if one else f"inputs[{i}]" for i in range(len(texts))]
+    max_length = model.max_length("predict")
+    encodings: list[Any] = [None] * len(texts)
+    for with_pair in (False, True):  # singles and pairs tokenise apart
+        rows = [i for i, pair in enumerate(pairs) if (pair is not None) == with_pair]
+        if rows:
+            found = tokenize(model, [texts[i] for i in rows], [pairs[i] for i in rows] if with_pair else None,
+                             max_length=max_length, truncate=body.truncate, names=[names[i] for i in rows])
+            for i, encoding in zip(rows, found):
+                encodings[i] = encoding
+    logits = np.stack(await state.run(request, model, "predict", [(e.ids, e.type_ids) for e in encodings],
+                                 [len(e.ids) for e in encodings]))
+    labels = model.config.labels
+    if body.raw_scores:
+        scores = logits
+    elif len(labels) == 1 or model.config.problem_type == "multi_label_classification":
+        scores = activate(logits, "sigmoid")
+    else:
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        scores = shifted / shifted.sum(axis=1, keepdims=True)
+    answers = [sorted(({"label": label, "score": float(s)} for label, s in zip(labels, row)),
+                      key=lambda p: -p["score"]) for row in scores]
+    return JSONResponse(answers[0] if one else answers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token classification, question answering, fill-mask
+# ---------------------------------------------------------------------------------------------
+@router.post("/ner", **_docs(NerRequest, "Named entities with character offsets"))
+@guarded
+async def ner(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await parse(request, NerRequest)
+    model = state.model_for("ner", body.model)
+    texts, single = texts_of(state, body.inputs, "inputs")
+    costs = [len(e.ids) for e in model.tokenizer.encode_raw(texts, truncation=False)]  # read in windows: no limit
+    found = await state.run(request, model, "ner", texts, costs)
+    answers = [[{"label": e.type, "text": e.text, "start": e.start, "end": e.end, "score": e.score} for e in entities]
+               for entities in found]
+    return JSONResponse(answers[0] if single else answers)
+
+
+@router.post("/qa", **_docs(QaRequest, "The answer span of a question in a context"))
+@guarded
+async def qa(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await parse(request, QaRequest)
+    model = state.model_for("qa", body.model)
+    for field in ("question", "context"):
+        if not getattr(body, field).strip():
+            raise ApiError(422, f"{field}: the text is empty")
+    cost = len(model.tokenizer.encode_raw([body.question], [body.context], truncation=False)[0].ids)
+    (answer,) = await state.run(request, model, "qa", [(body.question, body.context)], [cost])
+    if answer is None:
+        return JSONResponse({"answer": "", "start": 0, "end": 0, "score": 0.0})
+    return JSONResponse({"answer": answer.text, "start": answer.start, "end": answer.end, "score": answer.score})
+
+
+@router.post("/fill-mask", **_docs(FillMaskRequest, "The most probable tokens for each mask token"))
+@guarded
+async def fill_mask(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await parse(request, FillMaskRequest)
+    model = state.model_for("fill-mask", body.model)
+    texts, single = texts_of(state, body.inputs, "inputs")
+    if not 1 <= body.top_k <= 100:
+        raise ApiError(422, f"top_k: must be between 1 and 100, found {body.top_k}")
+    mask = model.tokenizer.mask_token
+    encodings = tokenize(model, texts, None, max_length=model.max_length("fill-mask"), truncate=False,
+                         names=[_name("inputs", i, single) for i in range(len(texts))])
+    for index, encoding in enumerate(encodings):
+        if model.tokenizer.mask_token_id not in encoding.ids:
+            raise ApiError(422, f"{_name('inputs', index, single)}: the text has no {mask} token to fill")
+    found = await state.run(request, model, "fill-mask", [(text, body.top_k) for text in texts],
+                       [len(e.ids) for e in encodings])
+    answers = []
+    for per_mask in found:  # one mask: a list of predictions; several: a list per mask (as transformers answers)
+        shaped = [[{"token": p.token_id, "token_str": p.token, "score": p.score, "sequence": p.sequence}
+                   for p in predictions] for predictions in per_mask]
+        answers.append(shaped[0] if len(shaped) == 1 else shaped)
+    return JSONResponse(answers[0] if single else answers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens and search
+# ---------------------------------------------------------------------------------------------
+@router.post("/tokenize", **_docs(TokenizeRequest, "Tokens with ids and character offsets (TEI's shape)"))
+async def tokenize_route(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await parse(request, TokenizeRequest)
+    model = state.named(body.model)
+    texts, _ = texts_of(state, body.inputs, "inputs")
+    encodings = model.tokenizer.encode_raw(texts, truncation=False, add_special_tokens=body.add_special_tokens)
+    answer = []
+    for text, encoding in zip(texts, encodings):
+        tokens = []
+        for token_id, token, special, (start, stop) in zip(encoding.ids, encoding.tokens,
+                                                           encoding.special_tokens_mask, encoding.offsets):
+            if special:
+                tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+            else:
+                tokens.append({"id": token_id, "text": text[start:stop], "special": False, "start": start,
+                               "stop": stop})
+        answer.append(tokens)
+    return JSONResponse(answer)
+
+
+@router.post("/search", **_docs(SearchRequest, "The k nearest indexed texts of a query (needs --index)"))
+@guarded
+async def search(request: Request) -> JSONResponse:
+    state = _state(request)
+    body = await parse(request, SearchRequest)
+    found = state.registry.search
+    if found is None:
+        raise ApiError(404, "this server has no search index; start it with --index DIR (an index saved by "
+                            "`encoderkit index`)")
+    if not 1 <= body.k <= MAX_SEARCH_K:
+        raise ApiError(422, f"k: must be between 1 and {MAX_SEARCH_K}, found {body.k}")
+    if not body.query:
+        raise ApiError(422, "query: the text is empty")
+    name = body.model or found.model
+    vectors, _, model = await embed_texts(request, body.query, "query", name, truncate=True, dimensions=None,
+                                          normalize=False)
+    if model.config.hidden_size != found.index.dimension:
+        raise ApiError(400, f"model {model.name!r} gives {model.config.hidden_size}-dim vectors but the index holds "
+                            f"{found.index.dimension}-dim ones; search with {found.model!r}")
+    result = await state.in_worker(found.index.search, vectors, body.k)
+    hits = []
+    for score, row in zip(result.scores[0], result.indices[0]):
+        if row >= 0:
+            hits.append({"id": found.index.ids[row], "text": found.texts[row] if found.texts else None,
+                         "score": float(score)})
+    return JSONResponse(hits)

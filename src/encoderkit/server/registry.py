@@ -1,0 +1,230 @@
+"""The models a server holds, loaded once at start-up, each with the pipelines of the endpoints it serves.
+
+A model is chosen by the request's ``model`` field among the names given at start-up, never by a path: nothing
+a request sends reaches the file system. What a model serves follows from its head (config.json's
+``architectures``): an encoder -> "embed"; a one-logit classifier (a cross-encoder) -> "rerank" and "predict";
+a classifier -> "predict"; a token classifier -> "ner"; a span head -> "qa"; a masked-LM head -> "fill-mask".
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..config import EncoderConfig
+from ..errors import InputError
+from ..hub import DEFAULT_MODEL_NAMES, resolve_model
+from ..modeling.models import task_from_architectures
+from ..tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+KINDS = ("embed", "rerank", "predict", "ner", "qa", "fill-mask")
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+FILL_MASK_TOKEN_BUDGET = 4096  # fill-mask runs a padded batch of its own (no engine budget to follow)
+
+
+@dataclass
+class ServedModel:
+    """One model: its facts, its pipelines by kind, and a tokenizer of the server's own (the pipelines run on
+    a worker thread and keep theirs; this one counts tokens and answers /tokenize on the event loop)."""
+
+    name: str
+    path: Path
+    config: EncoderConfig
+    task: str
+    tokenizer: Tokenizer
+    pipelines: dict[str, Any] = field(default_factory=dict)
+    fill_mask_budget: int = FILL_MASK_TOKEN_BUDGET
+
+    @property
+    def kinds(self) -> set[str]:
+        return set(self.pipelines)
+
+    def pipeline(self, kind: str) -> Any:
+        return self.pipelines[kind]
+
+    def max_length(self, kind: str) -> int:
+        """The longest sequence (special tokens included) the ``kind`` pipeline reads in one piece."""
+        pipeline = self.pipelines[kind]
+        return int(getattr(pipeline, "max_length", None) or self.config.max_sequence_length)
+
+    def token_budget(self, kind: str) -> int:
+        """Padded tokens per forward pass (the pipeline's engine budget: --max-batch-tokens, or its default)."""
+        return int(getattr(self.pipelines[kind], "token_budget", None) or self.fill_mask_budget)
+
+    def dtype(self) -> str:
+        for pipeline in self.pipelines.values():
+            if hasattr(pipeline, "dtype"):
+                return str(pipeline.dtype).replace("torch.", "")
+        return "float32"
+
+    def info(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "name": self.name, "family": self.config.model_type, "task": self.task, "kinds": sorted(self.kinds),
+            "dimensions": self.config.hidden_size, "max_input_length": min(self.max_length(k) for k in self.kinds),
+            "dtype": self.dtype(), "layers": self.config.num_hidden_layers,
+            "attention_heads": self.config.num_attention_heads,
+        }
+        if "embed" in self.pipelines:
+            embedder = self.pipelines["embed"]
+            facts.update(pooling=embedder.pooling, normalize=embedder.normalize,
+                         max_input_length=embedder.max_length)
+        if self.config.id2label and self.kinds & {"predict", "rerank", "ner"}:
+            facts["labels"] = list(self.config.labels)
+        return facts
+
+
+@dataclass
+class SearchIndex:
+    """A saved vector index, its texts when the index recorded them, and the model its queries are embedded with."""
+
+    path: Path
+    index: Any  # tasks.search.VectorIndex
+    model: str
+    texts: list[str] | None = None
+
+
+class ModelRegistry:
+    """The served models by name (the first is the default) and the search index, if any."""
+
+    def __init__(self, models: Sequence[ServedModel], search: SearchIndex | None = None) -> None:
+        if not models:
+            raise InputError("serve at least one model")
+        self._models = {m.name: m for m in models}
+        if len(self._models) != len(models):
+            raise InputError(f"model names must be unique, found {[m.name for m in models]}")
+        self.search = search
+
+    # ----- the contract the web studio relies on ---------------------------------------------
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    @property
+    def default(self) -> str:
+        return next(iter(self._models))
+
+    def path(self, name: str) -> Path:
+        return self.get(name).path
+
+    @property
+    def index_path(self) -> Path | None:
+        return self.search.path if self.search else None
+
+    def kinds(self, name: str) -> set[str]:
+        return self.get(name).kinds
+
+    # ----- lookups ------------------------------------------------------------------------------
+    def get(self, name: str | None = None) -> ServedModel:
+        """The model called ``name`` (None: the default); an unknown name raises ``UnknownModel``."""
+        if name is None:
+            return self._models[self.default]
+        if name not in self._models:
+            raise UnknownModel(f"no model named {name!r} is served; choose one of: {', '.join(self._models)}")
+        return self._models[name]
+
+    def serving(self, kind: str) -> list[str]:
+        """The names of the models that serve ``kind``, in start-up order."""
+        return [name for name, model in self._models.items() if kind in model.pipelines]
+
+    # ----- loading ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, models: Sequence[tuple[str | None, str | Path | None]], *, index: str | Path | None = None,
+             dtype: str = "fp32", allow_pickle: bool = False, token_budget: int | None = None) -> "ModelRegistry":
+        """Load ``models`` ((name or None, directory or None for the default model), ...) and the index.
+        ``token_budget``: padded tokens per forward pass (None: each pipeline's default)."""
+        served = [load_served_model(path, name, dtype=dtype, allow_pickle=allow_pickle, token_budget=token_budget)
+                  for name, path in models]
+        registry = cls(served)
+        if index is not None:
+            registry.search = load_search_index(Path(index), registry)
+        return registry
+
+
+class UnknownModel(InputError):
+    """A request named a model the server does not hold."""
+
+
+def model_name(path: str | Path | None, resolved_root: Path) -> str:
+    """The name a model is served under when none is given: the default model's, or its directory's name."""
+    if path is None or str(path).lower() in DEFAULT_MODEL_NAMES:
+        return DEFAULT_MODEL_NAME
+    return resolved_root.resolve().name
+
+
+def load_served_model(path: str | Path | None, name: str | None = None, *, dtype: str = "fp32",
+                      allow_pickle: bool = False, token_budget: int | None = None) -> ServedModel:
+    """Load a model directory with the pipelines of every endpoint its head serves."""
+    resolved = resolve_model(path)
+    name = name or model_name(path, resolved.root)
+    config = EncoderConfig.from_json_file(resolved.weights_dir / "config.json")
+    task = task_from_architectures(config)
+    root = resolved.root
+    try:
+        pipelines = _pipelines(root, task, config, dtype=dtype, allow_pickle=allow_pickle, token_budget=token_budget)
+    except InputError as exc:
+        raise InputError(f"cannot serve {root} as {name!r}: {exc}") from exc
+    tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
+    log.info("serving %s (%s %s) as %r: %s", root, config.model_type, task, name, ", ".join(sorted(pipelines)))
+    return ServedModel(name, root, config, task, tokenizer, pipelines,
+                       fill_mask_budget=token_budget or FILL_MASK_TOKEN_BUDGET)
+
+
+def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> dict[str, Any]:
+    from ..tasks.classify import Classifier
+    from ..tasks.embed import Embedder
+    from ..tasks.fill_mask import FillMask
+    from ..tasks.ner import EntityRecognizer
+    from ..tasks.qa import QuestionAnswerer
+    from ..tasks.rerank import Reranker
+
+    pipelines: dict[str, Any] = {}
+    if task == "base":
+        pipelines["embed"] = Embedder.from_pretrained(root, **options)
+    elif task == "sequence-classification":
+        if config.num_labels == 1:
+            pipelines["rerank"] = pipelines["predict"] = Reranker.from_pretrained(root, show_progress=False, **options)
+        else:
+            pipelines["predict"] = Classifier.from_pretrained(root, show_progress=False, **options)
+    elif task == "token-classification":
+        pipelines["ner"] = EntityRecognizer.from_pretrained(root, show_progress=False, **options)
+    elif task == "question-answering":
+        pipelines["qa"] = QuestionAnswerer.from_pretrained(root, show_progress=False, **options)
+    elif task in ("masked-lm", "pretraining"):
+        pipelines["fill-mask"] = FillMask.from_pretrained(root, allow_pickle=options["allow_pickle"])
+    else:
+        raise InputError(f"{root} is a {task} model, which no endpoint serves; serve an encoder (embed), a "
+                         "classifier or cross-encoder (predict, rerank), a token classifier (ner), a QA model (qa) "
+                         "or a masked-LM (fill-mask)")
+    return pipelines
+
+
+def load_search_index(directory: Path, registry: ModelRegistry) -> SearchIndex:
+    """A saved index, with the served embedder its queries go through: the one the index was built with if it
+    is served, else the first served embedder of the index's dimension."""
+    from ..data.readers import iter_records
+    from ..tasks.search import VectorIndex
+
+    index = VectorIndex.load(directory)
+    embedders = registry.serving("embed")
+    built_with = index.info.get("model")
+    same = [n for n in embedders if built_with and str(registry.path(n).resolve()) == str(Path(built_with).resolve())]
+    fitting = [n for n in embedders if registry.get(n).config.hidden_size == index.dimension]
+    if not (same or fitting):
+        raise InputError(f"the index {directory} holds {index.dimension}-dim vectors, and no served embedding model "
+                         f"gives those (served embedders: {', '.join(embedders) or 'none'}); serve the model the "
+                         "index was built with")
+    texts = None
+    texts_path = index.info.get("texts")
+    if texts_path and Path(texts_path).is_file():
+        texts = [record.text for record in iter_records(texts_path)]
+        if len(texts) != len(index):
+            log.warning("%s holds %d texts for %d indexed vectors; search results will carry no text",
+                        texts_path, len(texts), len(index))
+            texts = None
+    return SearchIndex(directory, index, (same or fitting)[0], texts)
+
+
+__all__ = ["DEFAULT_MODEL_NAME", "KINDS", "ModelRegistry", "SearchIndex", "ServedModel", "UnknownModel",
+           "load_served_model"]
