@@ -14,7 +14,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -26,6 +28,8 @@ TEXT = "The trophy did not fit in the suitcase because it was too big."
 LAYER, HEAD = 2, 3
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 TIMEOUT_MS = 90_000  # the first request loads the model; the machine may be busy
+SEARCH_TEXTS = ["How do I reset my password?", "The invoice was charged twice.", "My parcel never arrived.",
+                "Change the e-mail address of my account.", "The app crashes when I open the camera."]
 
 
 def chromium_executable() -> str | None:
@@ -54,13 +58,7 @@ def browser():
         launched.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until_up(url: str, process: subprocess.Popen, log: Path, seconds: float = 180) -> None:
+def wait_until_up(url: str, process: subprocess.Popen, log: Path, seconds: float = 240) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -74,40 +72,68 @@ def wait_until_up(url: str, process: subprocess.Popen, log: Path, seconds: float
     raise AssertionError(f"the server did not answer {url} within {seconds:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-def start_server(models: dict[str, tuple[Path, list[str]]], directory: Path):
-    """The studio's server on a free loopback port, one torch thread (the tests share the machine)."""
-    port = free_port()
-    log = directory / "server.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
-        ENCODERKIT_STUDIO_MODELS=json.dumps({name: [str(path), kinds] for name, (path, kinds) in models.items()}))
-    command = [sys.executable, "-m", "uvicorn", "studio_app:app", "--host", "127.0.0.1", "--port", str(port),
-               "--log-level", "warning"]
+@contextmanager
+def running_server(arguments: list[str], directory: Path) -> Iterator[str]:
+    """`encoderkit serve ARGUMENTS` on a free loopback port, one torch thread (the tests share the machine)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = directory / f"server-{port}.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "encoderkit.cli", "serve", *arguments, "--port", str(port)]
     with log.open("w") as handle:
         process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=directory)
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(url + "/studio/models", process, log)
-    except BaseException:
-        process.kill()
-        raise
-    return url, process
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url + "/health", process, log)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
-def stop_server(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
+def post(url: str, body: dict, key: str | None = None):
+    """The server's JSON answer, as the page's fetch gets it."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.loads(answer.read())
 
 
 @pytest.fixture(scope="module")
-def server(browser, tmp_path_factory, minilm_dir):
-    directory = tmp_path_factory.mktemp("studio-server")
-    url, process = start_server({"all-MiniLM-L6-v2": (minilm_dir, ["embed"])}, directory)
-    yield url
-    stop_server(process)
+def task_models(browser, tmp_path_factory, minilm_dir) -> dict[str, Path]:
+    """A tiny random model for each task head, and an index of a few texts embedded with MiniLM."""
+    from encoderkit import Embedder
+    from encoderkit.jobs import build_index_job
+    from helpers import tiny_bert_dir
+
+    root = tmp_path_factory.mktemp("studio-models")
+    models = {
+        "mlm": tiny_bert_dir(root / "mlm", minilm_dir, task="masked-lm"),
+        "classifier": tiny_bert_dir(root / "classifier", minilm_dir, task="sequence-classification",
+                                    labels=["negative", "neutral", "positive"]),
+        "tagger": tiny_bert_dir(root / "tagger", minilm_dir, task="token-classification",
+                                labels=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
+        "reader": tiny_bert_dir(root / "reader", minilm_dir, task="question-answering", max_position_embeddings=512),
+    }
+    texts = root / "texts.txt"
+    texts.write_text("\n".join(SEARCH_TEXTS) + "\n", encoding="utf-8")
+    np.save(root / "texts.npy", Embedder.from_pretrained(minilm_dir).encode(SEARCH_TEXTS))
+    build_index_job(root / "texts.npy", root / "index", model=minilm_dir, texts_path=texts)
+    models["index"] = root / "index"
+    return models
+
+
+@pytest.fixture(scope="module")
+def server(browser, task_models, tmp_path_factory):
+    arguments = ["default", *(f"--model={name}={task_models[name]}" for name in ("mlm", "classifier", "tagger", "reader")),
+                 "--index", str(task_models["index"])]
+    with running_server(arguments, tmp_path_factory.mktemp("studio-server")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -133,18 +159,26 @@ class Console:
         return [e for e in self.errors if not any(p.search(e) for p in self.allowed)]
 
 
-@pytest.fixture
-def page(browser, server):
+@contextmanager
+def open_page(browser, url: str, *, wait_for_map: bool = True):
+    """A fresh tab on the studio; on leaving, no console error but those the test allowed."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     opened = context.new_page()
     opened.set_default_timeout(TIMEOUT_MS)
     opened.console = Console(opened)
-    opened.goto(server + "/")
-    opened.wait_for_selector("#attention-output:not([hidden])")  # the page runs its example on load
+    opened.goto(url + "/")
+    if wait_for_map:
+        opened.wait_for_selector("#attention-output:not([hidden])")  # the page runs its example on load
     yield opened
     unexpected = opened.console.unexpected()
     context.close()
     assert not unexpected, f"console errors: {unexpected}"
+
+
+@pytest.fixture
+def page(browser, server):
+    with open_page(browser, server) as opened:
+        yield opened
 
 
 # ----- helpers that read the page -----------------------------------------------------------------
@@ -296,3 +330,140 @@ def test_an_error_is_shown_and_the_page_keeps_working(page, analyzer):
     show(page, "A short one.", 1, 1)
     assert error.is_hidden()
     assert shown_tokens(page) == analyzer.attend("A short one.").tokens
+
+
+# ----- the task panels -----------------------------------------------------------------------------
+PANELS = {"fill-mask": "#fill-mask-panel", "predict": "#classify-panel", "ner": "#ner-panel", "qa": "#qa-panel"}
+
+
+def choose_model(page, name: str) -> None:
+    page.select_option("#model", name)  # the explorer follows the model
+    page.wait_for_selector(f'#attention-output[data-model="{name}"]')
+    wait_idle(page)
+
+
+def visible_panels(page) -> set[str]:
+    return {kind for kind, selector in PANELS.items() if page.locator(selector).is_visible()}
+
+
+def listed(page, selector: str) -> list[tuple[str, float]]:
+    return [(item["label"], float(item["score"])) for item in page.eval_on_selector_all(
+        selector, "items => items.map(i => ({label: i.dataset.label, score: i.dataset.score}))")]
+
+
+def marks(page, selector: str) -> list[tuple[int, int, str]]:
+    return [(int(m["start"]), int(m["end"]), m["label"]) for m in page.eval_on_selector_all(
+        selector, "marks => marks.map(m => ({start: m.dataset.start, end: m.dataset.end, label: m.dataset.label}))")]
+
+
+def test_panels_appear_only_for_models_with_the_head(page):
+    expected = {"all-MiniLM-L6-v2": set(), "mlm": {"fill-mask"}, "classifier": {"predict"}, "tagger": {"ner"},
+                "reader": {"qa"}}
+    assert page.eval_on_selector_all("#model option", "options => options.map(o => o.value)") == list(expected)
+    for name, kinds in expected.items():
+        choose_model(page, name)
+        assert visible_panels(page) == kinds, name
+        assert page.locator("#search-panel").is_visible()  # the server has an index, whatever the model
+        layers, heads = (6, 12) if name == "all-MiniLM-L6-v2" else (2, 4)
+        assert page.locator("#layer option").count() == layers and page.locator("#head option").count() == heads
+        assert name in page.inner_text("#attention-status")
+
+
+def test_fill_mask_panel_shows_the_servers_answer(page, server):
+    choose_model(page, "mlm")
+    page.fill("#fill-mask-text", "The capital of France is [MASK].")
+    page.fill("#fill-mask-k", "3")
+    page.click("#fill-mask-panel button[type=submit]")
+    page.wait_for_selector("#fill-mask-result li >> nth=2")
+    answer = post(server + "/fill-mask", {"inputs": "The capital of France is [MASK].", "top_k": 3, "model": "mlm"})
+    assert listed(page, "#fill-mask-result li") == [(p["token_str"], pytest.approx(p["score"], abs=1e-9)) for p in answer]
+    assert answer[0]["sequence"] in page.inner_text("#fill-mask-result")
+
+
+def test_classify_panel_shows_labels_with_scores(page, server):
+    choose_model(page, "classifier")
+    page.fill("#classify-text", "a gripping, beautifully shot film")
+    page.click("#classify-panel button[type=submit]")
+    page.wait_for_selector("#classify-result li >> nth=2")
+    answer = post(server + "/predict", {"inputs": "a gripping, beautifully shot film", "model": "classifier"})
+    shown = listed(page, "#classify-result li")
+    assert shown == [(p["label"], pytest.approx(p["score"], abs=1e-9)) for p in answer]
+    assert [label for label, _ in shown] != [] and shown[0][1] >= shown[-1][1]
+    widths = page.eval_on_selector_all("#classify-result .bar-fill", "bars => bars.map(b => b.style.width)")
+    assert [float(w.rstrip("%")) for w in widths] == [pytest.approx(100 * p["score"], abs=0.01) for p in answer]
+
+
+def test_ner_panel_highlights_the_entities(page, server):
+    text = "Peter Blackburn flew to Brussels on Monday."
+    choose_model(page, "tagger")
+    page.fill("#ner-text", text)
+    page.click("#ner-panel button[type=submit]")
+    page.wait_for_selector("#ner-result p.muted")
+    entities = post(server + "/ner", {"inputs": text, "model": "tagger"})
+    assert entities, "the tiny tagger finds no entity in the example: pick another text"
+    assert marks(page, "#ner-result mark.span") == [(e["start"], e["end"], e["label"]) for e in entities]
+    shown_text = page.eval_on_selector("#ner-result .marked-text",
+                                       "p => Array.from(p.childNodes, n => n.nodeType === 3 ? n.textContent : "
+                                       "n.firstChild.textContent).join('')")
+    assert shown_text == text  # the text is whole: the marks wrap its spans
+    assert page.locator("#ner-result mark.span .span-label").first.inner_text() == entities[0]["label"]
+
+
+def test_qa_panel_highlights_the_answer(page, server):
+    question, context = "Where did Peter fly to?", "Peter Blackburn flew to Brussels on Monday to meet the committee."
+    choose_model(page, "reader")
+    page.fill("#qa-question", question)
+    page.fill("#qa-context", context)
+    page.click("#qa-panel button[type=submit]")
+    answer = post(server + "/qa", {"question": question, "context": context, "model": "reader"})
+    assert answer["answer"], "the tiny reader gives no answer: pick another example"
+    page.wait_for_selector("#qa-result mark.span")
+    assert marks(page, "#qa-result mark.span") == [(answer["start"], answer["end"], "answer")]
+    assert page.inner_text("#qa-result strong") == answer["answer"] == context[answer["start"]:answer["end"]]
+
+
+def test_search_panel_lists_the_nearest_texts(page, server):
+    page.fill("#search-query", "I forgot my password")
+    page.fill("#search-k", "3")
+    page.click("#search-panel button[type=submit]")
+    page.wait_for_selector("#search-result li >> nth=2")
+    hits = post(server + "/search", {"query": "I forgot my password", "k": 3})
+    assert listed(page, "#search-result li") == [(str(h["id"]), pytest.approx(h["score"], abs=1e-9)) for h in hits]
+    assert "How do I reset my password?" in page.locator("#search-result li").first.inner_text()
+
+
+def test_a_task_error_is_shown_in_its_panel(page):
+    page.console.allow(r"Failed to load resource: the server responded with a status of 422")
+    choose_model(page, "mlm")
+    page.fill("#fill-mask-text", "There is no mask token here.")
+    page.click("#fill-mask-panel button[type=submit]")
+    error = page.locator("#fill-mask-panel .error")
+    error.wait_for(state="visible")
+    assert "no [MASK] token" in error.inner_text() and "HTTP 422" in error.inner_text()
+    page.fill("#fill-mask-text", "Paris is the [MASK] of France.")
+    page.click("#fill-mask-panel button[type=submit]")
+    page.wait_for_selector("#fill-mask-result li")
+    assert error.is_hidden()
+
+
+# ----- an API key ----------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="server.guard asks for the key on every path but /health, so a browser cannot "
+                   "load the page itself; the guard should let through server.studio.is_public(path) (the page, its "
+                   "script and style). Remove this mark with that fix")
+def test_the_page_asks_for_the_api_key_and_sends_it(browser, task_models, tmp_path_factory):
+    with running_server([str(task_models["mlm"]), "--api-key", "s3cret"], tmp_path_factory.mktemp("keyed")) as url:
+        with open_page(browser, url, wait_for_map=False) as page:
+            page.console.allow(r"Failed to load resource: the server responded with a status of 401")
+            banner = page.locator("#global-error")
+            banner.wait_for(state="visible")
+            assert "API key" in banner.inner_text() and "HTTP 401" in banner.inner_text()
+            assert page.locator("#auth").get_attribute("open") is not None  # the key field is opened
+            page.fill("#api-key", "s3cret")
+            page.click("#auth-form button[type=submit]")
+            page.wait_for_selector("#attention-output:not([hidden])")
+            assert banner.is_hidden()
+            assert page.evaluate("() => sessionStorage.getItem('encoderkit.apiKey')") == "s3cret"
+            page.reload()  # the key lives as long as the tab
+            page.wait_for_selector("#attention-output:not([hidden])")
+            page.click("#fill-mask-panel button[type=submit]")
+            page.wait_for_selector("#fill-mask-result li")

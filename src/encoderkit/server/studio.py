@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..analysis.attention import MASKS, AttentionAnalyzer, AttentionMaps, HeadStatistics
 from ..errors import EncoderkitError, InputError
+from .errors import ApiError, error_response
 
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_PREFIX = "/studio/static"
@@ -64,16 +65,6 @@ class Registry(Protocol):
     def kinds(self, name: str) -> set[str]: ...
 
 
-class StudioError(Exception):
-    """A request the studio refuses: an HTTP status and a message for the page."""
-
-    def __init__(self, status: int, message: str, error_type: str = "Validation") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.error_type = error_type
-
-
 @dataclass
 class _Input:
     """One input's maps under both masks, every layer and head, and their per-head statistics."""
@@ -98,7 +89,7 @@ class Studio:
         if requested is None or requested == "":
             return self.registry.default
         if not isinstance(requested, str) or requested not in names:
-            raise StudioError(422, f"unknown model {requested!r}; this server has {', '.join(map(repr, names))}")
+            raise ApiError(422, f"unknown model {requested!r}; this server has {', '.join(map(repr, names))}")
         return requested
 
     def _model_lock(self, name: str) -> threading.Lock:
@@ -135,7 +126,7 @@ class Studio:
     def attention(self, body: Any) -> dict[str, Any]:
         """The answer of ``POST /studio/attention`` (blocking: run it off the event loop)."""
         if not isinstance(body, dict):
-            raise StudioError(422, "the body must be a JSON object with \"text\", \"layer\" and \"head\"")
+            raise ApiError(422, "the body must be a JSON object with \"text\", \"layer\" and \"head\"")
         text, pair = _text_field(body, "text", required=True), _text_field(body, "pair", required=False)
         layer, head = _index_field(body, "layer"), _index_field(body, "head")
         name = self.model_name(body.get("model"))
@@ -143,7 +134,7 @@ class Studio:
         try:
             analyzer.check_layer_head(layer, head)
         except InputError as exc:
-            raise StudioError(422, str(exc)) from None
+            raise ApiError(422, str(exc)) from None
         item = self._maps(name, analyzer, text, pair)
         first = item.maps["bidirectional"]
         answer: dict[str, Any] = {
@@ -169,7 +160,7 @@ class Studio:
         limit = min(MAX_TOKENS, analyzer.max_length)
         count = len(analyzer.tokenizer.encode(text, pair, truncation=False))
         if count > limit:
-            raise StudioError(413, f"the input is {count} tokens long; the attention explorer shows at most {limit} "
+            raise ApiError(413, f"the input is {count} tokens long; the attention explorer shows at most {limit} "
                                    "tokens: shorten the text")
         with self._model_lock(name):  # one forward at a time per model: they would only compete for the cores
             maps = {mask: analyzer.attend(text, pair, mask=mask) for mask in MASKS}
@@ -208,21 +199,21 @@ def _text_field(body: dict[str, Any], field: str, *, required: bool) -> str | No
         return None
     if not isinstance(value, str):
         found = "nothing" if value is None else type(value).__name__
-        raise StudioError(422, f"{field!r} must be a string, found {found}")
+        raise ApiError(422, f"{field!r} must be a string, found {found}")
     if len(value) > MAX_TEXT_CHARS:
-        raise StudioError(413, f"{field!r} is {len(value)} characters long; the studio takes at most "
+        raise ApiError(413, f"{field!r} is {len(value)} characters long; the studio takes at most "
                                f"{MAX_TEXT_CHARS}")
     if not value.strip():
         if not required:
             return None
-        raise StudioError(422, f"{field!r} is empty: type a sentence to see its attention")
+        raise ApiError(422, f"{field!r} is empty: type a sentence to see its attention")
     return value
 
 
 def _index_field(body: dict[str, Any], field: str) -> int:
     value = body.get(field, 0)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise StudioError(422, f"{field!r} must be a whole number (counted from 0), found {value!r}")
+        raise ApiError(422, f"{field!r} must be a whole number (counted from 0), found {value!r}")
     return value
 
 
@@ -230,9 +221,6 @@ def mount_studio(app: FastAPI, registry: Registry) -> None:
     """Add the studio's page, static files and JSON routes to the server's FastAPI ``app``."""
     studio = Studio(registry)
     app.state.studio = studio
-
-    def error(exc: StudioError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, "error_type": exc.error_type}, status_code=exc.status)
 
     @app.get("/", include_in_schema=False)
     async def studio_page() -> FileResponse:
@@ -246,15 +234,16 @@ def mount_studio(app: FastAPI, registry: Registry) -> None:
     @app.post("/studio/attention", tags=["studio"], openapi_extra=ATTENTION_OPENAPI,
               summary="One head's attention under the bidirectional and a causal mask, with its statistics")
     async def studio_attention(request: Request) -> JSONResponse:
+        # Refusals are answered here, not left to the server's handlers: the studio also mounts on a bare app.
         try:
             body = await request.json()
         except ValueError:
-            return error(StudioError(400, "the body is not valid JSON"))
+            return error_response(400, "the body is not valid JSON")
         try:
             return JSONResponse(await run_in_threadpool(studio.attention, body))
-        except StudioError as exc:
-            return error(exc)
+        except ApiError as exc:
+            return exc.response()
         except InputError as exc:
-            return error(StudioError(422, str(exc)))
+            return error_response(422, str(exc))
 
     app.mount(STATIC_PREFIX, StaticFiles(directory=STATIC_DIR), name="studio-static")

@@ -482,12 +482,12 @@
   }
 
   function scoredList(items, describe) {
+    // Scores are probabilities (or cosines): a bar is the score out of 1.
     const list = el("ol", {className: "scored"});
-    const max = Math.max(1e-9, ...items.map((item) => item.score));
     for (const item of items) {
       const parts = describe(item);
       list.append(el("li", {"data-label": parts.label, "data-score": String(item.score)},
-        el("span", {className: "label", text: parts.label}), scoreBar(item.score, max),
+        el("span", {className: "label", text: parts.label}), scoreBar(item.score, 1),
         el("span", {className: "number", text: fixed(item.score, 4)}),
         ...(parts.detail ? [el("span", {className: "detail", text: parts.detail})] : [])));
     }
