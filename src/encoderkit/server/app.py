@@ -22,6 +22,7 @@ from .settings import ServerSettings
 from .state import ServerState
 
 INFERENCE_PATHS = {"/embed", "/v1/embeddings", "/rerank", "/predict", "/ner", "/qa", "/fill-mask", "/search"}
+SERVICE_PATHS = {"/tokenize", "/health", "/info", "/metrics", "/docs", "/openapi.json", "/"}
 
 
 def create_app(registry: ModelRegistry, settings: ServerSettings | None = None) -> FastAPI:
@@ -52,16 +53,8 @@ def create_app(registry: ModelRegistry, settings: ServerSettings | None = None) 
     if mount_studio:
         mount_studio(app, registry)
 
-    known = None
-
-    def known_paths() -> set[str]:
-        nonlocal known
-        if known is None:
-            known = {getattr(route, "path", "") for route in app.routes}
-        return known
-
     app.add_middleware(Guard, settings=settings, metrics=state.metrics, inference_paths=INFERENCE_PATHS,
-                       known_paths=known_paths)
+                       known_paths=INFERENCE_PATHS | SERVICE_PATHS)
     if settings.cors_origins:  # outermost: a browser's preflight is answered before the key is asked for
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])

@@ -32,12 +32,12 @@ RETRY_AFTER_SECONDS = 1
 
 class Guard:
     def __init__(self, app: ASGIApp, *, settings: ServerSettings, metrics: Metrics, inference_paths: set[str],
-                 known_paths: Callable[[], set[str]]) -> None:
+                 known_paths: set[str]) -> None:
         self.app = app
         self.settings = settings
         self.metrics = metrics
         self.inference_paths = inference_paths
-        self.known_paths = known_paths
+        self.known_paths = known_paths  # the route label of an answer given before routing; others: "other"
         self.in_flight = 0
         self._expected_authorization = f"Bearer {settings.api_key}".encode() if settings.api_key else None
         metrics.in_flight.set(0)
@@ -47,7 +47,6 @@ class Guard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        route = path if path in self.known_paths() else "other"
         started = time.perf_counter()
         status = [500]
 
@@ -89,6 +88,8 @@ class Guard:
             if counted:
                 self.in_flight -= 1
                 self.metrics.in_flight.set(self.in_flight)
+            # the route the app matched (its template), so that unknown paths do not each make a series
+            route = getattr(scope.get("route"), "path", None) or (path if path in self.known_paths else "other")
             self.metrics.requests.inc(route=route, status=str(status[0]))
             self.metrics.latency.observe(time.perf_counter() - started, route=route)
 

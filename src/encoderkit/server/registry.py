@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..config import EncoderConfig
-from ..errors import InputError
-from ..hub import DEFAULT_MODEL_NAMES, resolve_model
+from ..errors import CheckpointError, InputError
+from ..hub import DEFAULT_MODEL_NAMES, default_model_path, resolve_model
 from ..modeling.models import task_from_architectures
 from ..tokenizer import Tokenizer
 
@@ -150,6 +150,11 @@ def model_name(path: str | Path | None, resolved_root: Path) -> str:
     """The name a model is served under when none is given: the default model's, or its directory's name."""
     if path is None or str(path).lower() in DEFAULT_MODEL_NAMES:
         return DEFAULT_MODEL_NAME
+    try:
+        if resolved_root.resolve() == default_model_path().resolve():
+            return DEFAULT_MODEL_NAME
+    except CheckpointError:  # the default model is not installed: this is another one
+        pass
     return resolved_root.resolve().name
 
 
