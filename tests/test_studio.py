@@ -160,3 +160,18 @@ def test_models_load_once_and_layers_reuse_the_maps(models, monkeypatch):
             assert attention(client, text=f"text number {index}").status_code == 200
         assert attention(client, text=TEXT).status_code == 200  # pushed out of the cache: run again
         assert len(runs) == 2 * (studio_module.CACHED_INPUTS + 3)
+
+
+def test_the_server_mounts_the_studio_behind_its_key(models):
+    from encoderkit.server import ModelRegistry, ServerSettings
+    from encoderkit.server.app import create_app
+
+    registry = ModelRegistry.load([("tiny", models["tiny"])])
+    with TestClient(create_app(registry, ServerSettings(api_key="k3y"))) as client:
+        refused = attention(client, text=TEXT)
+        assert refused.status_code == 401 and "API key" in refused.json()["error"]
+        answer = client.post("/studio/attention", json={"text": TEXT, "layer": 1, "head": 2},
+                             headers={"Authorization": "Bearer k3y"})
+        assert answer.status_code == 200 and answer.json()["model"] == "tiny"
+        models_answer = client.get("/studio/models", headers={"Authorization": "Bearer k3y"}).json()
+        assert models_answer["models"][0]["kinds"] == ["embed"]

@@ -28,6 +28,9 @@ TEXT = "The trophy did not fit in the suitcase because it was too big."
 LAYER, HEAD = 2, 3
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 TIMEOUT_MS = 90_000  # the first request loads the model; the machine may be busy
+SERVED = ("mlm", "sentiment", "ner", "qa", "rerank")  # beside the default model, with these heads:
+KINDS = {"all-MiniLM-L6-v2": set(), "mlm": {"fill-mask"}, "sentiment": {"predict"}, "ner": {"ner"}, "qa": {"qa"},
+         "rerank": {"predict"}}  # a cross-encoder also classifies (one label)
 SEARCH_TEXTS = ["How do I reset my password?", "The invoice was charged twice.", "My parcel never arrived.",
                 "Change the e-mail address of my account.", "The app crashes when I open the camera."]
 
@@ -106,31 +109,23 @@ def post(url: str, body: dict, key: str | None = None):
 
 @pytest.fixture(scope="module")
 def task_models(browser, tmp_path_factory, minilm_dir) -> dict[str, Path]:
-    """A tiny random model for each task head, and an index of a few texts embedded with MiniLM."""
+    """The server tests' tiny random model of each head, and an index of a few texts embedded with MiniLM."""
     from encoderkit import Embedder
     from encoderkit.jobs import build_index_job
-    from helpers import tiny_bert_dir
+    from serving import tiny_models
 
     root = tmp_path_factory.mktemp("studio-models")
-    models = {
-        "mlm": tiny_bert_dir(root / "mlm", minilm_dir, task="masked-lm"),
-        "classifier": tiny_bert_dir(root / "classifier", minilm_dir, task="sequence-classification",
-                                    labels=["negative", "neutral", "positive"]),
-        "tagger": tiny_bert_dir(root / "tagger", minilm_dir, task="token-classification",
-                                labels=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
-        "reader": tiny_bert_dir(root / "reader", minilm_dir, task="question-answering", max_position_embeddings=512),
-    }
+    models = tiny_models(root, minilm_dir)
     texts = root / "texts.txt"
     texts.write_text("\n".join(SEARCH_TEXTS) + "\n", encoding="utf-8")
     np.save(root / "texts.npy", Embedder.from_pretrained(minilm_dir).encode(SEARCH_TEXTS))
     build_index_job(root / "texts.npy", root / "index", model=minilm_dir, texts_path=texts)
-    models["index"] = root / "index"
-    return models
+    return {**models, "index": root / "index"}
 
 
 @pytest.fixture(scope="module")
 def server(browser, task_models, tmp_path_factory):
-    arguments = ["default", *(f"--model={name}={task_models[name]}" for name in ("mlm", "classifier", "tagger", "reader")),
+    arguments = ["default", *(f"--model={name}={task_models[name]}" for name in SERVED),
                  "--index", str(task_models["index"])]
     with running_server(arguments, tmp_path_factory.mktemp("studio-server")) as url:
         yield url
@@ -166,7 +161,8 @@ def open_page(browser, url: str, *, wait_for_map: bool = True):
     opened = context.new_page()
     opened.set_default_timeout(TIMEOUT_MS)
     opened.console = Console(opened)
-    opened.goto(url + "/")
+    response = opened.goto(url + "/")
+    assert response is not None and response.ok, f"GET / answered {response and response.status}"
     if wait_for_map:
         opened.wait_for_selector("#attention-output:not([hidden])")  # the page runs its example on load
     yield opened
@@ -357,10 +353,8 @@ def marks(page, selector: str) -> list[tuple[int, int, str]]:
 
 
 def test_panels_appear_only_for_models_with_the_head(page):
-    expected = {"all-MiniLM-L6-v2": set(), "mlm": {"fill-mask"}, "classifier": {"predict"}, "tagger": {"ner"},
-                "reader": {"qa"}}
-    assert page.eval_on_selector_all("#model option", "options => options.map(o => o.value)") == list(expected)
-    for name, kinds in expected.items():
+    assert page.eval_on_selector_all("#model option", "options => options.map(o => o.value)") == list(KINDS)
+    for name, kinds in KINDS.items():
         choose_model(page, name)
         assert visible_panels(page) == kinds, name
         assert page.locator("#search-panel").is_visible()  # the server has an index, whatever the model
@@ -381,11 +375,11 @@ def test_fill_mask_panel_shows_the_servers_answer(page, server):
 
 
 def test_classify_panel_shows_labels_with_scores(page, server):
-    choose_model(page, "classifier")
+    choose_model(page, "sentiment")
     page.fill("#classify-text", "a gripping, beautifully shot film")
     page.click("#classify-panel button[type=submit]")
     page.wait_for_selector("#classify-result li >> nth=2")
-    answer = post(server + "/predict", {"inputs": "a gripping, beautifully shot film", "model": "classifier"})
+    answer = post(server + "/predict", {"inputs": "a gripping, beautifully shot film", "model": "sentiment"})
     shown = listed(page, "#classify-result li")
     assert shown == [(p["label"], pytest.approx(p["score"], abs=1e-9)) for p in answer]
     assert [label for label, _ in shown] != [] and shown[0][1] >= shown[-1][1]
@@ -395,11 +389,11 @@ def test_classify_panel_shows_labels_with_scores(page, server):
 
 def test_ner_panel_highlights_the_entities(page, server):
     text = "Peter Blackburn flew to Brussels on Monday."
-    choose_model(page, "tagger")
+    choose_model(page, "ner")
     page.fill("#ner-text", text)
     page.click("#ner-panel button[type=submit]")
     page.wait_for_selector("#ner-result p.muted")
-    entities = post(server + "/ner", {"inputs": text, "model": "tagger"})
+    entities = post(server + "/ner", {"inputs": text, "model": "ner"})
     assert entities, "the tiny tagger finds no entity in the example: pick another text"
     assert marks(page, "#ner-result mark.span") == [(e["start"], e["end"], e["label"]) for e in entities]
     shown_text = page.eval_on_selector("#ner-result .marked-text",
@@ -411,11 +405,11 @@ def test_ner_panel_highlights_the_entities(page, server):
 
 def test_qa_panel_highlights_the_answer(page, server):
     question, context = "Where did Peter fly to?", "Peter Blackburn flew to Brussels on Monday to meet the committee."
-    choose_model(page, "reader")
+    choose_model(page, "qa")
     page.fill("#qa-question", question)
     page.fill("#qa-context", context)
     page.click("#qa-panel button[type=submit]")
-    answer = post(server + "/qa", {"question": question, "context": context, "model": "reader"})
+    answer = post(server + "/qa", {"question": question, "context": context, "model": "qa"})
     assert answer["answer"], "the tiny reader gives no answer: pick another example"
     page.wait_for_selector("#qa-result mark.span")
     assert marks(page, "#qa-result mark.span") == [(answer["start"], answer["end"], "answer")]
