@@ -266,6 +266,16 @@ def test_clicking_a_row_shows_its_distribution(page, analyzer):
     page.wait_for_selector(f'#row-bars table[data-query="{query + 1}"]')
     assert page.locator(f'#map-bidirectional g.row[data-query="{query + 1}"]').get_attribute("aria-pressed") == "true"
     assert page.locator("#map-causal rect.focus-outline").get_attribute("visibility") == "visible"
+    # One tab stop per map, on the selected row: Tab from the first map reaches the second map's row.
+    assert page.locator('#map-causal g.row[tabindex="0"]').count() == 1
+    page.keyboard.press("End")
+    page.keyboard.press(" ")
+    last = len(expected) - 1
+    page.wait_for_selector(f'#row-bars table[data-query="{last}"]')
+    page.focus(f'#map-bidirectional g.row[data-query="{last}"]')
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.closest('svg').dataset.mask + ':' + "
+                         "document.activeElement.dataset.query") == f"causal:{last}"
 
 
 def test_causal_view_masks_the_future(page, analyzer):

@@ -281,7 +281,7 @@
     }
     for (let query = 0; query < n; query++) {
       const row = svg("g", {
-        class: "row", "data-query": query, "data-token": tokens[query], tabindex: "0", role: "button",
+        class: "row", "data-query": query, "data-token": tokens[query], tabindex: query === 0 ? "0" : "-1", role: "button",
         "aria-pressed": "false",
         "aria-label": "query token " + query + ", " + tokens[query] + ": show where it looks",
       });
@@ -333,6 +333,7 @@
         const selected = Number(row.dataset.query) === query;
         row.classList.toggle("selected", selected);
         row.setAttribute("aria-pressed", selected ? "true" : "false");
+        row.setAttribute("tabindex", selected ? "0" : "-1");
       }
       outline(root, "row-outline", query);
     }
@@ -420,6 +421,16 @@
     tip.style.top = Math.max(4, y) + "px";
   }
 
+  const ROW_KEYS = {
+    ArrowDown: (query) => query + 1, ArrowUp: (query) => query - 1, Home: () => 0, End: (query, count) => count - 1,
+  };
+
+  function focusRow(row) {
+    for (const other of row.parentNode.querySelectorAll('g.row[tabindex="0"]')) other.setAttribute("tabindex", "-1");
+    row.setAttribute("tabindex", "0");
+    row.focus();
+  }
+
   function bindHeatmaps() {
     const maps = document.querySelector("#attention-output .maps");
     maps.addEventListener("mousemove", (event) => {
@@ -440,10 +451,12 @@
       if (event.key === "Enter" || event.key === " ") {
         event.preventDefault();
         selectRow(query);
-      } else if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+      } else if (event.key in ROW_KEYS) {
+        // One tab stop per map (a roving tabindex): the arrows, Home and End move between its rows.
         event.preventDefault();
-        const next = row.parentNode.querySelector('g.row[data-query="' + (query + (event.key === "ArrowDown" ? 1 : -1)) + '"]');
-        if (next) next.focus();
+        const rows = row.parentNode.querySelectorAll("g.row");
+        const target = Math.max(0, Math.min(rows.length - 1, ROW_KEYS[event.key](query, rows.length)));
+        focusRow(rows[target]);
       }
     });
     maps.addEventListener("focusin", (event) => {
