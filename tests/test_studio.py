@@ -107,18 +107,19 @@ def test_pair_and_model_choice(client, models):
 
 
 @pytest.mark.parametrize("body,status,message", [
-    ({"text": ""}, 422, "'text' is empty"),
-    ({"text": "   \n"}, 422, "'text' is empty"),
-    ({}, 422, "'text' must be a string, found nothing"),
-    ({"text": 12}, 422, "'text' must be a string, found int"),
-    ({"text": "hi", "pair": 3}, 422, "'pair' must be a string"),
+    ({"text": ""}, 422, "text: the text is empty"),
+    ({"text": "   \n"}, 422, "text: the text is empty"),
+    ({}, 422, "text: this field is required"),
+    ({"text": 12}, 422, "text: Input should be a valid string"),
+    ({"text": "hi", "pair": 3}, 422, "pair: Input should be a valid string"),
     ({"text": "hi", "layer": 2}, 422, "layer must be between 0 and 1 (the model has 2 layers"),
     ({"text": "hi", "layer": -1}, 422, "layer must be between 0 and 1"),
     ({"text": "hi", "head": 4}, 422, "head must be between 0 and 3 (each layer has 4 heads"),
-    ({"text": "hi", "head": "1"}, 422, "'head' must be a whole number"),
-    ({"text": "hi", "layer": True}, 422, "'layer' must be a whole number"),
-    ({"text": "hi", "model": "gpt"}, 422, "unknown model 'gpt'; this server has 'tiny', 'tiny-mlm'"),
+    ({"text": "hi", "head": "1"}, 422, "head: Input should be a valid integer"),
+    ({"text": "hi", "layer": True}, 422, "layer: Input should be a valid integer"),
+    ({"text": "hi", "model": "gpt"}, 422, "model: unknown model 'gpt'; this server has 'tiny', 'tiny-mlm'"),
     ({"text": "x" * (MAX_TEXT_CHARS + 1)}, 413, f"the studio takes at most {MAX_TEXT_CHARS}"),
+    ({"text": "hi", "pair": "x" * (MAX_TEXT_CHARS + 1)}, 413, f"pair: {MAX_TEXT_CHARS + 1} characters"),
     ({"text": "word " * 200}, 413, "the attention explorer shows at most 128 tokens"),
 ])
 def test_bad_requests_are_refused_and_the_next_succeeds(client, body, status, message):
@@ -131,8 +132,10 @@ def test_bad_requests_are_refused_and_the_next_succeeds(client, body, status, me
 def test_bodies_that_are_not_an_object(client):
     answer = client.post("/studio/attention", content=b"{not json", headers={"content-type": "application/json"})
     assert answer.status_code == 400 and "not valid JSON" in answer.json()["error"]
+    answer = client.post("/studio/attention", content=b"")
+    assert answer.status_code == 400 and "fields: text, pair, model, layer, head" in answer.json()["error"]
     answer = client.post("/studio/attention", json=["a list"])
-    assert answer.status_code == 422 and "JSON object" in answer.json()["error"]
+    assert answer.status_code == 422 and "body: Input should be an object" in answer.json()["error"]
 
 
 def test_models_load_once_and_layers_reuse_the_maps(models, monkeypatch):

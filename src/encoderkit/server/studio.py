@@ -16,16 +16,18 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..analysis.attention import MASKS, AttentionAnalyzer, AttentionMaps, HeadStatistics
 from ..errors import EncoderkitError, InputError
+from .endpoints import parse
 from .errors import ApiError, error_response
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -33,7 +35,7 @@ STATIC_PREFIX = "/studio/static"
 # What a browser fetches before it can send a key: the page, its script and its style sheet. They hold no data, so
 # an API key guards the JSON routes, not these (the server's guard asks ``is_public``).
 PUBLIC_PATHS = frozenset({"/"})
-MAX_TEXT_CHARS = 2000  # text and pair together; beyond it 413 before anything is tokenised
+MAX_TEXT_CHARS = 2000  # for the text and for the pair; beyond it 413 before anything is tokenised
 MAX_TOKENS = 128  # a heatmap of 128 x 128 cells is as much as a page can show and read
 CACHED_INPUTS = 4  # inputs whose maps (every layer and head, both masks) are kept
 DECIMALS = 6  # weights are sent rounded: the page shows 6 decimals and 1e-6 is far below what the eye sees
@@ -42,16 +44,21 @@ CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'se
                            "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
 
 
-# The body is read by hand (so every refusal has the same {"error", "error_type"} shape); this documents it.
-ATTENTION_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-    "type": "object", "required": ["text"],
-    "properties": {
-        "text": {"type": "string", "maxLength": MAX_TEXT_CHARS},
-        "pair": {"type": "string", "maxLength": MAX_TEXT_CHARS, "description": "an optional second text"},
-        "model": {"type": "string", "description": "a served model's name; the default model when absent"},
-        "layer": {"type": "integer", "minimum": 0, "default": 0},
-        "head": {"type": "integer", "minimum": 0, "default": 0},
-    }}}}}}
+class AttentionRequest(BaseModel):
+    """The body of ``POST /studio/attention``. Strict, as the server's own bodies: "2" is not a layer."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    text: str = Field(description=f"the text, at most {MAX_TEXT_CHARS} characters")
+    pair: Optional[str] = Field(None, description="an optional second text: the input is the pair (text, pair)")
+    model: Optional[str] = Field(None, description="a served model's name; default: the first model")
+    layer: int = Field(0, description="numbered from 0")
+    head: int = Field(0, description="numbered from 0")
+
+
+# The body is read by ``parse`` (the server's reader: 400 for bad JSON, 422 naming the field); this documents it.
+ATTENTION_OPENAPI = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": AttentionRequest.model_json_schema()}}}}
 
 
 class Registry(Protocol):
@@ -84,12 +91,12 @@ class Studio:
         self._inputs: OrderedDict[tuple[str, str, str | None], _Input] = OrderedDict()
         self._models: dict[str, Any] | None = None  # the registry is fixed at start-up: computed once
 
-    def model_name(self, requested: Any) -> str:
+    def model_name(self, requested: str | None) -> str:
         names = list(self.registry.names())
-        if requested is None or requested == "":
+        if not requested:
             return self.registry.default
-        if not isinstance(requested, str) or requested not in names:
-            raise ApiError(422, f"unknown model {requested!r}; this server has {', '.join(map(repr, names))}")
+        if requested not in names:
+            raise ApiError(422, f"model: unknown model {requested!r}; this server has {', '.join(map(repr, names))}")
         return requested
 
     def _model_lock(self, name: str) -> threading.Lock:
@@ -123,13 +130,17 @@ class Studio:
                         "limits": {"max_chars": MAX_TEXT_CHARS, "max_tokens": MAX_TOKENS}, "masks": list(MASKS)}
         return self._models
 
-    def attention(self, body: Any) -> dict[str, Any]:
+    def attention(self, request: AttentionRequest) -> dict[str, Any]:
         """The answer of ``POST /studio/attention`` (blocking: run it off the event loop)."""
-        if not isinstance(body, dict):
-            raise ApiError(422, "the body must be a JSON object with \"text\", \"layer\" and \"head\"")
-        text, pair = _text_field(body, "text", required=True), _text_field(body, "pair", required=False)
-        layer, head = _index_field(body, "layer"), _index_field(body, "head")
-        name = self.model_name(body.get("model"))
+        for field in ("text", "pair"):
+            value = getattr(request, field)
+            if value is not None and len(value) > MAX_TEXT_CHARS:
+                raise ApiError(413, f"{field}: {len(value)} characters; the studio takes at most {MAX_TEXT_CHARS}")
+        if not request.text.strip():
+            raise ApiError(422, "text: the text is empty; type a sentence to see its attention")
+        text, pair = request.text, request.pair if request.pair and request.pair.strip() else None
+        layer, head = request.layer, request.head
+        name = self.model_name(request.model)
         analyzer = self.analyzer(name)
         try:
             analyzer.check_layer_head(layer, head)
@@ -193,30 +204,6 @@ def _mask_token(tokenizer_dir: Path) -> str | None:
         return None
 
 
-def _text_field(body: dict[str, Any], field: str, *, required: bool) -> str | None:
-    value = body.get(field)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str):
-        found = "nothing" if value is None else type(value).__name__
-        raise ApiError(422, f"{field!r} must be a string, found {found}")
-    if len(value) > MAX_TEXT_CHARS:
-        raise ApiError(413, f"{field!r} is {len(value)} characters long; the studio takes at most "
-                               f"{MAX_TEXT_CHARS}")
-    if not value.strip():
-        if not required:
-            return None
-        raise ApiError(422, f"{field!r} is empty: type a sentence to see its attention")
-    return value
-
-
-def _index_field(body: dict[str, Any], field: str) -> int:
-    value = body.get(field, 0)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(422, f"{field!r} must be a whole number (counted from 0), found {value!r}")
-    return value
-
-
 def mount_studio(app: FastAPI, registry: Registry) -> None:
     """Add the studio's page, static files and JSON routes to the server's FastAPI ``app``."""
     studio = Studio(registry)
@@ -236,10 +223,7 @@ def mount_studio(app: FastAPI, registry: Registry) -> None:
     async def studio_attention(request: Request) -> JSONResponse:
         # Refusals are answered here, not left to the server's handlers: the studio also mounts on a bare app.
         try:
-            body = await request.json()
-        except ValueError:
-            return error_response(400, "the body is not valid JSON")
-        try:
+            body = await parse(request, AttentionRequest)
             return JSONResponse(await run_in_threadpool(studio.attention, body))
         except ApiError as exc:
             return exc.response()
