@@ -44,7 +44,7 @@ async def client_of(app: Any, headers: dict[str, str] | None = None) -> AsyncIte
 
 
 class Gate:
-    """Holds a batcher's batches until opened, and records each batch's item count and longest item.
+    """Holds a batcher's batches until opened, and records every batch's items.
     ``await gate.entered()`` returns once a batch is waiting on the gate (the model thread is busy)."""
 
     def __init__(self, batcher: Any) -> None:
@@ -53,6 +53,7 @@ class Gate:
         self.opened = threading.Event()
         self.started = threading.Event()
         self.batches: list[list[Any]] = []
+        self.first: httpx.Response | None = None  # see busy_model
         batcher.run = self._run
 
     def _run(self, items: list[Any]) -> Any:
@@ -69,11 +70,34 @@ class Gate:
         raise AssertionError("no batch reached the gate")
 
     def open(self) -> None:
+        """Let the batches run (this one and, without waiting, every later one, still recorded)."""
         self.opened.set()
 
-    def close(self) -> None:
-        self.opened.set()
-        self.batcher.run = self.run
+
+@asynccontextmanager
+async def busy_model(batcher: Any, client: httpx.AsyncClient, first: tuple[str, Any] = ("/embed", {"inputs": "busy"})
+                     ) -> AsyncIterator[Gate]:
+    """Inside, the model thread holds the batch of request ``first`` at a gate; on the way out the gate opens and
+    that request's response is waited for (``gate.first``)."""
+    gate = Gate(batcher)
+    try:
+        held = asyncio.ensure_future(client.post(first[0], json=first[1]))
+        await gate.entered()
+        yield gate
+        gate.open()
+        gate.first = await held
+    finally:
+        gate.open()
+
+
+async def behind_a_busy_model(batcher: Any, client: httpx.AsyncClient, first: tuple[str, Any],
+                              queued: list[tuple[str, Any]], depth: int) -> tuple[list[httpx.Response], list[list]]:
+    """The ``queued`` requests, sent while the model is busy with ``first`` and answered once ``depth`` items wait
+    in ``batcher``: their responses, and the batches the batcher ran (``first``'s, then theirs)."""
+    async with busy_model(batcher, client, first) as gate:
+        rest = [asyncio.ensure_future(client.post(path, json=body)) for path, body in queued]
+        await wait_for(lambda: batcher.depth == depth, f"{depth} queued items")
+    return list(await asyncio.gather(*rest)), gate.batches
 
 
 async def wait_for(condition: Any, what: str, timeout: float = 30) -> None:

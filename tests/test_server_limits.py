@@ -11,7 +11,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 from encoderkit.server import ModelRegistry, ServerSettings, create_app  # noqa: E402
-from serving import Gate, client_of, hang_up_call, metric, tiny_models, wait_for  # noqa: E402
+from serving import behind_a_busy_model, busy_model, client_of, hang_up_call, metric, tiny_models, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -165,6 +165,13 @@ def test_no_cors_by_default_and_the_given_origins_only(registry):
         ("POST", "/embed", {"json": GOOD, "headers": {"Origin": "http://elsewhere.example"}})], settings)
     assert allowed.headers["access-control-allow-origin"] == "http://studio.example"
     assert "access-control-allow-origin" not in other.headers
+    keyed = ServerSettings(cors_origins=("http://studio.example",), api_key="k")
+    preflight = {**origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization",
+                 "Authorization": ""}  # no key
+    (answer,) = exchange(registry, [("OPTIONS", "/embed", {"headers": preflight})], keyed,
+                         headers={"Authorization": "Bearer k"})
+    assert answer.status_code == 200  # a browser's preflight carries no key: answered before the key is asked for
+    assert answer.headers["access-control-allow-origin"] == "http://studio.example"
 
 
 # ----- 429 and 504: concurrency and time ----------------------------------------------------------------
@@ -174,23 +181,18 @@ def test_429_with_retry_after_beyond_the_concurrency_limit(registry):
     async def go():
         app = create_app(registry, settings)
         async with client_of(app) as client:
-            gate = Gate(app.state.server.batchers[(EMBEDDER, "embed")])
-            first = asyncio.ensure_future(client.post("/embed", json={"inputs": "one"}))
-            await gate.entered()
-            second = asyncio.ensure_future(client.post("/embed", json={"inputs": "two"}))
-            await wait_for(lambda: app.state.server.batchers[(EMBEDDER, "embed")].depth == 1, "the second request")
-            refused = await client.post("/embed", json={"inputs": "three"})
-            health = await client.get("/health")  # not an inference request: never refused
-            gate.open()
-            done = await asyncio.gather(first, second)
-            after = await client.post("/embed", json=GOOD)
-            gate.close()
-            return refused, health, done, after
+            batcher = app.state.server.batchers[(EMBEDDER, "embed")]
+            async with busy_model(batcher, client):  # one request in flight
+                second = asyncio.ensure_future(client.post("/embed", json={"inputs": "two"}))
+                await wait_for(lambda: batcher.depth == 1, "the second request")
+                refused = await client.post("/embed", json={"inputs": "three"})
+                health = await client.get("/health")  # not an inference request: never refused
+            return refused, health, await second, await client.post("/embed", json=GOOD)
 
-    refused, health, done, after = asyncio.run(go())
+    refused, health, second, after = asyncio.run(go())
     error_of(refused, 429, "limit of 2 concurrent requests")
     assert refused.headers["retry-after"] == "1" and refused.json()["error_type"] == "Overloaded"
-    assert health.status_code == 200 and [r.status_code for r in done] == [200, 200] and after.status_code == 200
+    assert health.status_code == 200 and second.status_code == 200 and after.status_code == 200
 
 
 def test_504_after_the_request_timeout_drops_the_queued_work(registry):
@@ -199,22 +201,16 @@ def test_504_after_the_request_timeout_drops_the_queued_work(registry):
     async def go():
         app = create_app(registry, settings)
         async with client_of(app) as client:
-            gate = Gate(app.state.server.batchers[(EMBEDDER, "embed")])
-            blocker = asyncio.ensure_future(client.post("/embed", json={"inputs": "holds the model thread"}))
-            await gate.entered()
-            late = await client.post("/embed", json={"inputs": ["waits", "too long"]})
-            gate.open()
-            await blocker
+            async with busy_model(app.state.server.batchers[(EMBEDDER, "embed")], client) as gate:
+                late = await client.post("/embed", json={"inputs": ["waits", "too long"]})
             after = await client.post("/embed", json=GOOD)
-            metrics = await client.get("/metrics")
-            gate.close()
-            return late, after, metrics.text, gate.batches
+            return late, after, (await client.get("/metrics")).text, gate.batches
 
     late, after, metrics, batches = asyncio.run(go())
     error_of(late, 504, "0.5 s", "--request-timeout")
     assert after.status_code == 200
     assert metric(metrics, "encoderkit_cancelled_items_total", model=EMBEDDER, kind="embed") == 2
-    assert all(len(batch) == 1 for batch in batches)  # the timed-out texts never ran
+    assert [len(batch) for batch in batches] == [1, 1]  # the busy one and GOOD: the timed-out texts never ran
 
 
 # ----- dynamic batching ---------------------------------------------------------------------------------
@@ -222,18 +218,10 @@ def test_concurrent_requests_run_in_shared_batches(registry):
     async def go():
         app = create_app(registry)
         async with client_of(app) as client:
-            batcher = app.state.server.batchers[(EMBEDDER, "embed")]
-            gate = Gate(batcher)
-            first = asyncio.ensure_future(client.post("/embed", json={"inputs": "first"}))
-            await gate.entered()
-            rest = [asyncio.ensure_future(client.post("/embed", json={"inputs": f"text number {i}"}))
-                    for i in range(12)]
-            await wait_for(lambda: batcher.depth == 12, "twelve queued requests")
-            gate.open()
-            answers = await asyncio.gather(first, *rest)
-            metrics = await client.get("/metrics")
-            gate.close()
-            return answers, metrics.text, gate.batches
+            queued = [("/embed", {"inputs": f"text number {i}"}) for i in range(12)]
+            answers, batches = await behind_a_busy_model(app.state.server.batchers[(EMBEDDER, "embed")], client,
+                                                         ("/embed", {"inputs": "first"}), queued, 12)
+            return answers, (await client.get("/metrics")).text, batches
 
     answers, metrics, batches = asyncio.run(go())
     assert all(a.status_code == 200 for a in answers)
@@ -252,16 +240,8 @@ def test_batches_respect_the_token_budget_and_are_length_sorted(registry):
         async with client_of(app) as client:
             batcher = app.state.server.batchers[(EMBEDDER, "embed")]
             batcher.token_budget = budget
-            gate = Gate(batcher)
-            first = asyncio.ensure_future(client.post("/embed", json={"inputs": "first"}))
-            await gate.entered()
-            rest = [asyncio.ensure_future(client.post("/embed", json={"inputs": " ".join(["word"] * n)}))
-                    for n in lengths]
-            await wait_for(lambda: batcher.depth == len(lengths), "the queued requests")
-            gate.open()
-            answers = await asyncio.gather(first, *rest)
-            gate.close()
-            return answers, gate.batches
+            queued = [("/embed", {"inputs": " ".join(["word"] * n)}) for n in lengths]
+            return await behind_a_busy_model(batcher, client, ("/embed", {"inputs": "first"}), queued, len(lengths))
 
     answers, batches = asyncio.run(go())
     assert all(a.status_code == 200 for a in answers)
@@ -280,26 +260,20 @@ def test_a_client_that_hangs_up_cancels_its_queued_work(registry):
         app = create_app(registry)
         async with client_of(app) as client:
             batcher = app.state.server.batchers[(EMBEDDER, "embed")]
-            gate = Gate(batcher)
-            blocker = asyncio.ensure_future(client.post("/embed", json={"inputs": "holds the model thread"}))
-            await gate.entered()
-            hang_up = asyncio.Event()
-            call = asyncio.ensure_future(hang_up_call(app, "/embed", {"inputs": ["gone 1", "gone 2", "gone 3"]},
-                                                      hang_up))
-            await wait_for(lambda: batcher.depth == 3, "the queued texts")
-            hang_up.set()
-            sent = await call
-            gate.open()
-            await blocker
+            async with busy_model(batcher, client) as gate:
+                hang_up = asyncio.Event()
+                call = asyncio.ensure_future(hang_up_call(app, "/embed", {"inputs": ["gone 1", "gone 2", "gone 3"]},
+                                                          hang_up))
+                await wait_for(lambda: batcher.depth == 3, "the queued texts")
+                hang_up.set()
+                sent = await call
             after = await client.post("/embed", json=GOOD)
-            metrics = await client.get("/metrics")
-            gate.close()
-            return sent, after, metrics.text, gate.batches
+            return sent, after, (await client.get("/metrics")).text, gate.batches
 
     sent, after, metrics, batches = asyncio.run(go())
     assert not any(m.get("status") == 200 for m in sent)  # nobody was there to answer
     assert after.status_code == 200
-    assert [len(b) for b in batches] == [1, 1]  # the blocker, then GOOD: the three texts never ran
+    assert [len(b) for b in batches] == [1, 1]  # the busy one, then GOOD: the three texts never ran
     assert metric(metrics, "encoderkit_cancelled_items_total", model=EMBEDDER, kind="embed") == 3
     assert metric(metrics, "encoderkit_requests_total", route="/embed", status="499") == 1
 
@@ -308,18 +282,10 @@ def test_rerank_and_predict_share_the_classifier_batches(registry):
     async def go():
         app = create_app(registry)
         async with client_of(app) as client:
-            batcher = app.state.server.batchers[("rerank", "classify")]
-            gate = Gate(batcher)
-            first = asyncio.ensure_future(client.post("/predict", json={"inputs": "first"}))
-            await gate.entered()
-            rest = [asyncio.ensure_future(client.post("/rerank", json={"query": "q", "texts": ["a", "b"]})),
-                    asyncio.ensure_future(client.post("/predict", json={"inputs": [["x"], ["y", "z"]]}))]
-            await wait_for(lambda: batcher.depth == 4, "the queued sequences")
-            gate.open()
-            answers = await asyncio.gather(first, *rest)
-            gate.close()
-            return answers, gate.batches
+            queued = [("/rerank", {"query": "q", "texts": ["a", "b"]}), ("/predict", {"inputs": [["x"], ["y", "z"]]})]
+            return await behind_a_busy_model(app.state.server.batchers[("rerank", "classify")], client,
+                                             ("/predict", {"inputs": "first"}), queued, 4)
 
     answers, batches = asyncio.run(go())
-    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.status_code for a in answers] == [200, 200]
     assert [len(b) for b in batches] == [1, 4]

@@ -7,13 +7,15 @@ The ``RUNNERS`` are what the worker thread runs on a batch of items, one per kin
 from __future__ import annotations
 
 import base64
-from typing import Any, Callable, Sequence, TypeVar
+import functools
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from ..tasks.pipeline import softmax
 from ..tasks.rerank import activate, ranked
 from .errors import ApiError, describe_validation_errors
 from .registry import ServedModel
@@ -114,90 +116,103 @@ def _name(field: str, index: int, single: bool) -> str:
     return field if single else f"{field}[{index}]"
 
 
-def tokenize(model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None, *, max_length: int,
-             truncate: bool, names: Sequence[str]) -> list[Any]:
-    """Encodings (the tokenizers library's) of texts or pairs; one longer than ``max_length`` tokens is cut to it
-    with ``truncate``, else it is a 413 that names it."""
-    tokenizer = model.tokenizer
-    encodings = tokenizer.encode_raw(list(texts), None if pairs is None else list(pairs), truncation=False)
-    long = [i for i, encoding in enumerate(encodings) if len(encoding.ids) > max_length]
-    if long and not truncate:
-        first = long[0]
-        raise ApiError(413, f"{names[first]} is {len(encodings[first].ids)} tokens long, special tokens included; "
-                            f"model {model.name!r} reads at most {max_length}: shorten it, or send "
-                            "\"truncate\": true to cut it")
-    if long:
-        cut = tokenizer.encode_raw([texts[i] for i in long], None if pairs is None else [pairs[i] for i in long],
-                                   max_length=max_length)
-        for i, encoding in zip(long, cut):
-            encodings[i] = encoding
-    return encodings
+async def tokenize(state: ServerState, model: ServedModel, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                   *, max_length: int | None = None, truncate: bool = False, names: Sequence[str] = (),
+                   add_special_tokens: bool = True) -> list[Any]:
+    """Encodings (the tokenizers library's) of texts or pairs, made on the server's tokenizer thread (the event loop
+    goes on; tokenising overlaps the model's work). One longer than ``max_length`` tokens is cut to it with
+    ``truncate``, else it is a 413 that names it (``names[i]``); ``max_length`` None: no limit."""
+    def run() -> list[Any]:
+        tokenizer = model.tokenizer
+        encodings = tokenizer.encode_raw(list(texts), None if pairs is None else list(pairs), truncation=False,
+                                         add_special_tokens=add_special_tokens)
+        if max_length is None:
+            return encodings
+        long = [i for i, encoding in enumerate(encodings) if len(encoding.ids) > max_length]
+        if long and not truncate:
+            first = long[0]
+            raise ApiError(413, f"{names[first]} is {len(encodings[first].ids)} tokens long, special tokens "
+                                f"included; model {model.name!r} reads at most {max_length}: shorten it, or send "
+                                "\"truncate\": true to cut it")
+        if long:
+            cut = tokenizer.encode_raw([texts[i] for i in long], None if pairs is None else [pairs[i] for i in long],
+                                       max_length=max_length)
+            for i, encoding in zip(long, cut):
+                encodings[i] = encoding
+        return encodings
+
+    return await state.tokenizing(run)
 
 
-def _state(request: Request) -> ServerState:
-    return request.app.state.server
+async def run_sequences(state: ServerState, request: Request, model: ServedModel, kind: str,
+                        encodings: Sequence[Any]) -> list[Any]:
+    """The ``kind`` work on tokenised sequences, one batcher item each (costing its tokens): a result each."""
+    return await state.run(request, model, kind, [(e.ids, e.type_ids) for e in encodings],
+                           [len(e.ids) for e in encodings])
 
 
-def _docs(schema: type[BaseModel], summary: str) -> dict[str, Any]:
-    """Route options that document ``schema`` as the JSON body (the handlers parse it themselves)."""
-    return {"summary": summary, "openapi_extra": {"requestBody": {
-        "required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}}
+def endpoint(path: str, schema: type[BaseModel], summary: str) -> Callable[[Callable[..., Any]], Any]:
+    """Registers ``POST path``, documenting ``schema`` as its JSON body (the handler parses it itself, see
+    ``begin``); a client that disconnected before its answer gets none (a 499 in the metrics)."""
+    def register(handler: Callable[[Request], Awaitable[Any]]) -> Any:
+        @functools.wraps(handler)
+        async def answer(request: Request) -> Any:
+            try:
+                return await handler(request)
+            except ClientGone:
+                return client_gone_response()
+
+        return router.post(path, summary=summary, openapi_extra={"requestBody": {
+            "required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}})(answer)
+
+    return register
 
 
-def guarded(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """A client that disconnected gets no answer (a 499 in the metrics)."""
-    import functools
-
-    @functools.wraps(handler)
-    async def wrapper(request: Request) -> Any:
-        try:
-            return await handler(request)
-        except ClientGone:
-            return client_gone_response()
-
-    return wrapper
+async def begin(request: Request, schema: type[Body], kind: str | None = None
+                ) -> tuple[ServerState, Body, ServedModel]:
+    """The server's state, the parsed body and the model the body asks for (checked to serve ``kind``)."""
+    state: ServerState = request.app.state.server
+    body = await parse(request, schema)
+    model = state.named(body.model) if kind is None else state.model_for(kind, body.model)
+    return state, body, model
 
 
 # ---------------------------------------------------------------------------------------------
 # Embeddings
 # ---------------------------------------------------------------------------------------------
-async def embed_texts(request: Request, value: str | list[str], field: str, model_name: str | None, *,
-                      truncate: bool, dimensions: int | None, normalize: bool) -> tuple[np.ndarray, int, ServedModel]:
-    """(vectors (texts, dim) float32, tokens read, the model) of the request's texts."""
-    state = _state(request)
-    model = state.model_for("embed", model_name)
+async def embed_texts(state: ServerState, request: Request, model: ServedModel, value: str | list[str], field: str,
+                      *, truncate: bool, dimensions: int | None, normalize: bool) -> tuple[np.ndarray, int]:
+    """(vectors (texts, dim) float32, tokens read) of the request's texts."""
     texts, single = texts_of(state, value, field)
     size = model.config.hidden_size
     if dimensions is not None and not 1 <= dimensions <= size:
         raise ApiError(422, f"dimensions: must be between 1 and {size} (model {model.name!r} gives {size}-dim "
                             f"vectors), found {dimensions}")
     names = [_name(field, i, single) for i in range(len(texts))]
-    encodings = tokenize(model, texts, None, max_length=model.max_length("embed"), truncate=truncate, names=names)
-    rows = await state.run(request, model, "embed", [(e.ids, e.type_ids) for e in encodings],
-                      [len(e.ids) for e in encodings])
+    encodings = await tokenize(state, model, texts, max_length=model.max_length("embed"), truncate=truncate,
+                               names=names)
+    rows = await run_sequences(state, request, model, "embed", encodings)
     vectors = np.stack(rows).astype(np.float32, copy=False)
     if dimensions is not None:
         vectors = vectors[:, :dimensions]
     if normalize:
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return vectors, sum(len(e.ids) for e in encodings), model
+    return vectors, sum(len(e.ids) for e in encodings)
 
 
-@router.post("/embed", **_docs(EmbedRequest, "Embed texts (text-embeddings-inference): [[float]]"))
-@guarded
+@endpoint("/embed", EmbedRequest, "Embed texts (text-embeddings-inference): [[float]]")
 async def embed(request: Request) -> JSONResponse:
-    body = await parse(request, EmbedRequest)
-    vectors, _, _ = await embed_texts(request, body.inputs, "inputs", body.model, truncate=body.truncate,
-                                      dimensions=body.dimensions, normalize=body.normalize)
+    state, body, model = await begin(request, EmbedRequest, "embed")
+    vectors, _ = await embed_texts(state, request, model, body.inputs, "inputs", truncate=body.truncate,
+                                   dimensions=body.dimensions, normalize=body.normalize)
     return JSONResponse(vectors.tolist())
 
 
-@router.post("/v1/embeddings", **_docs(OpenAIEmbeddingRequest, "Embed texts (OpenAI's embeddings API)"))
-@guarded
+@endpoint("/v1/embeddings", OpenAIEmbeddingRequest, "Embed texts (OpenAI's embeddings API)")
 async def openai_embeddings(request: Request) -> JSONResponse:
-    body = await parse(request, OpenAIEmbeddingRequest)
-    vectors, tokens, model = await embed_texts(request, body.input, "input", body.model, truncate=False,
-                                               dimensions=body.dimensions, normalize=True)
+    state, body, model = await begin(request, OpenAIEmbeddingRequest, "embed")
+    vectors, tokens = await embed_texts(state, request, model, body.input, "input", truncate=False,
+                                        dimensions=body.dimensions, normalize=True)
     if body.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
         encoded: list[Any] = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
     else:
@@ -213,19 +228,15 @@ async def openai_embeddings(request: Request) -> JSONResponse:
 # ---------------------------------------------------------------------------------------------
 # Cross-encoders and classifiers
 # ---------------------------------------------------------------------------------------------
-@router.post("/rerank", **_docs(RerankRequest, "Rank texts for a query with a cross-encoder, best first"))
-@guarded
+@endpoint("/rerank", RerankRequest, "Rank texts for a query with a cross-encoder, best first")
 async def rerank(request: Request) -> JSONResponse:
-    state = _state(request)
-    body = await parse(request, RerankRequest)
-    model = state.model_for("rerank", body.model)
+    state, body, model = await begin(request, RerankRequest, "rerank")
     if not body.query:
         raise ApiError(422, "query: the text is empty")
     texts, _ = texts_of(state, body.texts, "texts")
-    encodings = tokenize(model, [body.query] * len(texts), texts, max_length=model.max_length("rerank"),
+    encodings = await tokenize(state, model, [body.query] * len(texts), texts, max_length=model.max_length("rerank"),
                          truncate=body.truncate, names=[f"query + texts[{i}]" for i in range(len(texts))])
-    logits = await state.run(request, model, "rerank", [(e.ids, e.type_ids) for e in encodings],
-                        [len(e.ids) for e in encodings])
+    logits = await run_sequences(state, request, model, "rerank", encodings)
     scores = activate(np.array([row[0] for row in logits]), "none" if body.raw_scores else "sigmoid")
     return JSONResponse(ranked(scores, texts, return_text=body.return_text))
 
@@ -261,12 +272,9 @@ def predict_inputs(state: ServerState, value: str | list[str] | list[list[str]]
     return texts, pairs, one
 
 
-@router.post("/predict", **_docs(PredictRequest, "Classify texts or pairs: labels with scores, best first"))
-@guarded
+@endpoint("/predict", PredictRequest, "Classify texts or pairs: labels with scores, best first")
 async def predict(request: Request) -> JSONResponse:
-    state = _state(request)
-    body = await parse(request, PredictRequest)
-    model = state.model_for("predict", body.model)
+    state, body, model = await begin(request, PredictRequest, "predict")
     texts, pairs, one = predict_inputs(state, body.inputs)
     names = ["inputs" if one else f"inputs[{i}]" for i in range(len(texts))]
     max_length = model.max_length("predict")
@@ -274,20 +282,19 @@ async def predict(request: Request) -> JSONResponse:
     for with_pair in (False, True):  # singles and pairs tokenise apart
         rows = [i for i, pair in enumerate(pairs) if (pair is not None) == with_pair]
         if rows:
-            found = tokenize(model, [texts[i] for i in rows], [pairs[i] for i in rows] if with_pair else None,
-                             max_length=max_length, truncate=body.truncate, names=[names[i] for i in rows])
+            found = await tokenize(state, model, [texts[i] for i in rows],
+                                   [pairs[i] for i in rows] if with_pair else None, max_length=max_length,
+                                   truncate=body.truncate, names=[names[i] for i in rows])
             for i, encoding in zip(rows, found):
                 encodings[i] = encoding
-    logits = np.stack(await state.run(request, model, "predict", [(e.ids, e.type_ids) for e in encodings],
-                                 [len(e.ids) for e in encodings]))
+    logits = np.stack(await run_sequences(state, request, model, "predict", encodings))
     labels = model.config.labels
     if body.raw_scores:
         scores = logits
     elif len(labels) == 1 or model.config.problem_type == "multi_label_classification":
         scores = activate(logits, "sigmoid")
     else:
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        scores = shifted / shifted.sum(axis=1, keepdims=True)
+        scores = softmax(logits)
     answers = [sorted(({"label": label, "score": float(s)} for label, s in zip(labels, row)),
                       key=lambda p: -p["score"]) for row in scores]
     return JSONResponse(answers[0] if one else answers)
@@ -296,53 +303,44 @@ async def predict(request: Request) -> JSONResponse:
 # ---------------------------------------------------------------------------------------------
 # Token classification, question answering, fill-mask
 # ---------------------------------------------------------------------------------------------
-@router.post("/ner", **_docs(NerRequest, "Named entities with character offsets"))
-@guarded
+@endpoint("/ner", NerRequest, "Named entities with character offsets")
 async def ner(request: Request) -> JSONResponse:
-    state = _state(request)
-    body = await parse(request, NerRequest)
-    model = state.model_for("ner", body.model)
+    state, body, model = await begin(request, NerRequest, "ner")
     texts, single = texts_of(state, body.inputs, "inputs")
-    costs = [len(e.ids) for e in model.tokenizer.encode_raw(texts, truncation=False)]  # read in windows: no limit
+    costs = [len(e.ids) for e in await tokenize(state, model, texts)]  # read in windows: no length limit
     found = await state.run(request, model, "ner", texts, costs)
     answers = [[{"label": e.type, "text": e.text, "start": e.start, "end": e.end, "score": e.score} for e in entities]
                for entities in found]
     return JSONResponse(answers[0] if single else answers)
 
 
-@router.post("/qa", **_docs(QaRequest, "The answer span of a question in a context"))
-@guarded
+@endpoint("/qa", QaRequest, "The answer span of a question in a context")
 async def qa(request: Request) -> JSONResponse:
-    state = _state(request)
-    body = await parse(request, QaRequest)
-    model = state.model_for("qa", body.model)
+    state, body, model = await begin(request, QaRequest, "qa")
     for field in ("question", "context"):
         if not getattr(body, field).strip():
             raise ApiError(422, f"{field}: the text is empty")
-    cost = len(model.tokenizer.encode_raw([body.question], [body.context], truncation=False)[0].ids)
+    cost = len((await tokenize(state, model, [body.question], [body.context]))[0].ids)
     (answer,) = await state.run(request, model, "qa", [(body.question, body.context)], [cost])
     if answer is None:
         return JSONResponse({"answer": "", "start": 0, "end": 0, "score": 0.0})
     return JSONResponse({"answer": answer.text, "start": answer.start, "end": answer.end, "score": answer.score})
 
 
-@router.post("/fill-mask", **_docs(FillMaskRequest, "The most probable tokens for each mask token"))
-@guarded
+@endpoint("/fill-mask", FillMaskRequest, "The most probable tokens for each mask token")
 async def fill_mask(request: Request) -> JSONResponse:
-    state = _state(request)
-    body = await parse(request, FillMaskRequest)
-    model = state.model_for("fill-mask", body.model)
+    state, body, model = await begin(request, FillMaskRequest, "fill-mask")
     texts, single = texts_of(state, body.inputs, "inputs")
     if not 1 <= body.top_k <= 100:
         raise ApiError(422, f"top_k: must be between 1 and 100, found {body.top_k}")
     mask = model.tokenizer.mask_token
-    encodings = tokenize(model, texts, None, max_length=model.max_length("fill-mask"), truncate=False,
-                         names=[_name("inputs", i, single) for i in range(len(texts))])
+    encodings = await tokenize(state, model, texts, max_length=model.max_length("fill-mask"),
+                               names=[_name("inputs", i, single) for i in range(len(texts))])
     for index, encoding in enumerate(encodings):
         if model.tokenizer.mask_token_id not in encoding.ids:
             raise ApiError(422, f"{_name('inputs', index, single)}: the text has no {mask} token to fill")
     found = await state.run(request, model, "fill-mask", [(text, body.top_k) for text in texts],
-                       [len(e.ids) for e in encodings])
+                            [len(e.ids) for e in encodings])
     answers = []
     for per_mask in found:  # one mask: a list of predictions; several: a list per mask (as transformers answers)
         shaped = [[{"token": p.token_id, "token_str": p.token, "score": p.score, "sequence": p.sequence}
@@ -354,13 +352,11 @@ async def fill_mask(request: Request) -> JSONResponse:
 # ---------------------------------------------------------------------------------------------
 # Tokens and search
 # ---------------------------------------------------------------------------------------------
-@router.post("/tokenize", **_docs(TokenizeRequest, "Tokens with ids and character offsets (TEI's shape)"))
+@endpoint("/tokenize", TokenizeRequest, "Tokens with ids and character offsets (TEI's shape)")
 async def tokenize_route(request: Request) -> JSONResponse:
-    state = _state(request)
-    body = await parse(request, TokenizeRequest)
-    model = state.named(body.model)
+    state, body, model = await begin(request, TokenizeRequest)
     texts, _ = texts_of(state, body.inputs, "inputs")
-    encodings = model.tokenizer.encode_raw(texts, truncation=False, add_special_tokens=body.add_special_tokens)
+    encodings = await tokenize(state, model, texts, add_special_tokens=body.add_special_tokens)
     answer = []
     for text, encoding in zip(texts, encodings):
         tokens = []
@@ -375,10 +371,9 @@ async def tokenize_route(request: Request) -> JSONResponse:
     return JSONResponse(answer)
 
 
-@router.post("/search", **_docs(SearchRequest, "The k nearest indexed texts of a query (needs --index)"))
-@guarded
+@endpoint("/search", SearchRequest, "The k nearest indexed texts of a query (needs --index)")
 async def search(request: Request) -> JSONResponse:
-    state = _state(request)
+    state: ServerState = request.app.state.server
     body = await parse(request, SearchRequest)
     found = state.registry.search
     if found is None:
@@ -388,9 +383,9 @@ async def search(request: Request) -> JSONResponse:
         raise ApiError(422, f"k: must be between 1 and {MAX_SEARCH_K}, found {body.k}")
     if not body.query:
         raise ApiError(422, "query: the text is empty")
-    name = body.model or found.model
-    vectors, _, model = await embed_texts(request, body.query, "query", name, truncate=True, dimensions=None,
-                                          normalize=False)
+    model = state.model_for("embed", body.model or found.model)
+    vectors, _ = await embed_texts(state, request, model, body.query, "query", truncate=True, dimensions=None,
+                                   normalize=False)
     if model.config.hidden_size != found.index.dimension:
         raise ApiError(400, f"model {model.name!r} gives {model.config.hidden_size}-dim vectors but the index holds "
                             f"{found.index.dimension}-dim ones; search with {found.model!r}")

@@ -65,6 +65,8 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}; see /docs for the endpoints"
+        elif exc.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}; see /docs for the endpoints"
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

@@ -35,12 +35,15 @@ class ServerState:
         self.settings = settings
         self.metrics = Metrics()
         self.executor: ThreadPoolExecutor | None = None
+        self.tokenizer_thread: ThreadPoolExecutor | None = None
         self.batchers: dict[tuple[str, str], Batcher] = {}
 
     # ----- life cycle ---------------------------------------------------------------------------
     def start(self, runners: dict[str, Callable[[ServedModel], Callable[[list[Any]], Sequence[Any]]]]) -> None:
-        """One worker thread for the models (the CPU runs one batch at a time) and a batcher per model and work."""
+        """One worker thread for the models (the CPU runs one batch at a time), a batcher per model and work, and
+        one thread for the server's tokenizers (one thread: a tokenizer's truncation setting is state)."""
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoderkit-model")
+        self.tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoderkit-tokenize")
         for name in self.registry.names():
             model = self.registry.get(name)
             for kind in sorted(model.kinds):
@@ -56,9 +59,10 @@ class ServerState:
         for batcher in self.batchers.values():
             await batcher.stop()
         self.batchers.clear()
-        if self.executor is not None:
-            self.executor.shutdown(wait=True)
-            self.executor = None
+        for pool in (self.executor, self.tokenizer_thread):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self.executor = self.tokenizer_thread = None
 
     # ----- what every endpoint does ---------------------------------------------------------------
     def model_for(self, kind: str, name: str | None) -> ServedModel:
@@ -115,6 +119,10 @@ class ServerState:
             raise ClientGone()
         raise ApiError(504, f"the request did not finish within {self.settings.request_timeout:g} s "
                             "(--request-timeout); its queued work was dropped: retry, or send fewer inputs")
+
+    async def tokenizing(self, function: Callable[[], Any]) -> Any:
+        """Run ``function`` (tokenising with the served models' own tokenizers) on the tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, function)
 
     async def in_worker(self, function: Callable[..., Any], *args: Any) -> Any:
         """Run ``function`` on the model thread (work that is not batched, such as an index scan)."""
