@@ -20,3 +20,21 @@ def tiny_bert_dir(directory: Path, tokenizer_source: Path, task: str = "base", *
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_source / name, directory / name)
     return directory
+
+
+class FakeRegistry:
+    """The part of the server's model registry the web studio reads: names, the default, directories, kinds."""
+
+    def __init__(self, models: dict[str, tuple[Path, set[str]]], index_path: Path | None = None) -> None:
+        self._models = models
+        self.default = next(iter(models))
+        self.index_path = index_path
+
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def path(self, name: str) -> Path:
+        return self._models[name][0]
+
+    def kinds(self, name: str) -> set[str]:
+        return set(self._models[name][1])
