@@ -451,9 +451,6 @@ def test_a_task_error_is_shown_in_its_panel(page):
 
 
 # ----- an API key ----------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="server.guard asks for the key on every path but /health, so a browser cannot "
-                   "load the page itself; the guard should let through server.studio.is_public(path) (the page, its "
-                   "script and style). Remove this mark with that fix")
 def test_the_page_asks_for_the_api_key_and_sends_it(browser, task_models, tmp_path_factory):
     with running_server([str(task_models["mlm"]), "--api-key", "s3cret"], tmp_path_factory.mktemp("keyed")) as url:
         with open_page(browser, url, wait_for_map=False) as page:

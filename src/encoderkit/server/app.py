@@ -20,6 +20,7 @@ from .guard import Guard
 from .registry import ModelRegistry
 from .settings import ServerSettings
 from .state import ServerState
+from .studio import ATTENTION_PATH as STUDIO_ATTENTION, is_public as studio_is_public, mount_studio
 
 INFERENCE_PATHS = {"/embed", "/v1/embeddings", "/rerank", "/predict", "/ner", "/qa", "/fill-mask", "/search"}
 SERVICE_PATHS = {"/tokenize", "/health", "/info", "/metrics", "/docs", "/openapi.json", "/"}
@@ -46,15 +47,13 @@ def create_app(registry: ModelRegistry, settings: ServerSettings | None = None) 
     app.include_router(router)
     _service_routes(app, state)
 
-    try:
-        from .studio import mount_studio
-    except ImportError:
-        mount_studio = None
-    if mount_studio:
-        mount_studio(app, registry)
+    mount_studio(app, registry)
 
-    app.add_middleware(Guard, settings=settings, metrics=state.metrics, inference_paths=INFERENCE_PATHS,
-                       known_paths=INFERENCE_PATHS | SERVICE_PATHS)
+    # The studio's page and static files are public (a browser cannot send a key before the page asks for it);
+    # its attention route is not, and it counts toward the concurrency limit like the other model routes.
+    app.add_middleware(Guard, settings=settings, metrics=state.metrics,
+                       inference_paths=INFERENCE_PATHS | {STUDIO_ATTENTION},
+                       known_paths=INFERENCE_PATHS | SERVICE_PATHS | {STUDIO_ATTENTION}, is_public=studio_is_public)
     if settings.cors_origins:  # outermost: a browser's preflight is answered before the key is asked for
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])

@@ -32,8 +32,9 @@ RETRY_AFTER_SECONDS = 1
 
 class Guard:
     def __init__(self, app: ASGIApp, *, settings: ServerSettings, metrics: Metrics, inference_paths: set[str],
-                 known_paths: set[str]) -> None:
+                 known_paths: set[str], is_public: Callable[[str], bool] | None = None) -> None:
         self.app = app
+        self.is_public = is_public or (lambda path: False)  # further paths served without a key
         self.settings = settings
         self.metrics = metrics
         self.inference_paths = inference_paths
@@ -59,7 +60,7 @@ class Guard:
         counted = False
         try:
             if self._expected_authorization is not None and path not in PUBLIC_PATHS \
-                    and not self._authorized(scope):
+                    and not self.is_public(path) and not self._authorized(scope):
                 await error_response(401, "this server needs an API key: send the header "
                                           "'Authorization: Bearer <key>'",
                                      headers={"WWW-Authenticate": "Bearer"})(scope, receive, send_counted)

@@ -35,6 +35,7 @@ STATIC_PREFIX = "/studio/static"
 # What a browser fetches before it can send a key: the page, its script and its style sheet. They hold no data, so
 # an API key guards the JSON routes, not these (the server's guard asks ``is_public``).
 PUBLIC_PATHS = frozenset({"/"})
+ATTENTION_PATH = "/studio/attention"  # the studio's one model route: it needs the key and counts as inference
 MAX_TEXT_CHARS = 2000  # for the text and for the pair; beyond it 413 before anything is tokenised
 MAX_TOKENS = 128  # a heatmap of 128 x 128 cells is as much as a page can show and read
 CACHED_INPUTS = 4  # inputs whose maps (every layer and head, both masks) are kept
@@ -218,7 +219,7 @@ def mount_studio(app: FastAPI, registry: Registry) -> None:
     async def studio_models() -> JSONResponse:
         return JSONResponse(await run_in_threadpool(studio.models))
 
-    @app.post("/studio/attention", tags=["studio"], openapi_extra=ATTENTION_OPENAPI,
+    @app.post(ATTENTION_PATH, tags=["studio"], openapi_extra=ATTENTION_OPENAPI,
               summary="One head's attention under the bidirectional and a causal mask, with its statistics")
     async def studio_attention(request: Request) -> JSONResponse:
         # Refusals are answered here, not left to the server's handlers: the studio also mounts on a bare app.
