@@ -426,19 +426,20 @@ def main() -> None:
         write_result("train_embedder", result)
     else:
         print(json.dumps(result, indent=2, default=str))
-        record_trial(result)
+        record_trial(result, parts)
 
 
-def record_trial(trial: dict[str, Any]) -> None:
-    """A run of part of an epoch (a timing check) is kept beside the full results, under "trials"."""
+def record_trial(trial: dict[str, Any], parts: list[str], date: str | None = None) -> None:
+    """A run of part of an epoch (a timing check) is kept beside the full results, under "trials": the trainer
+    comparisons it ran (``parts``), not the results it carried over from the file."""
     path = Path(__file__).parent / "results" / "train_embedder.json"
     if not path.is_file():
         return
     from common import machine
 
     full = json.loads(path.read_text(encoding="utf-8"))
-    entry = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "epochs": trial["epochs"],
-             **{part: trial[part] for part in ("mnrl", "cosent") if part in trial}}
+    entry = {"date": date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "epochs": trial["epochs"],
+             **{part: trial[part] for part in ("mnrl", "cosent") if part in parts}}
     full.setdefault("trials", []).append(entry)
     path.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
 
