@@ -18,13 +18,14 @@ from .tasks.embed import Embedder
 from .tasks.ner import Entity, EntityRecognizer
 from .tasks.loading import load_pipeline
 from .tasks.qa import Answer, QuestionAnswerer
+from .tasks.rerank import Reranker
 from .training.finetune import FinetuneResult, Recipe, evaluate_model, finetune
 from .tokenizer import BatchEncoding, Encoded, Tokenizer, train_tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Answer", "BatchEncoding", "CheckpointError", "ClassPrediction", "Classifier", "Entity", "EntityRecognizer",
+    "Answer", "BatchEncoding", "Reranker", "CheckpointError", "ClassPrediction", "Classifier", "Entity", "EntityRecognizer",
     "FinetuneResult", "QuestionAnswerer", "Recipe", "evaluate_model", "finetune", "load_pipeline", "ConfigError", "DataError", "Embedder", "Encoded", "Encoder",
     "EncoderConfig", "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForQuestionAnswering",
     "EncoderForReplacedTokenDetection", "EncoderForSequenceClassification", "EncoderForTokenClassification",
