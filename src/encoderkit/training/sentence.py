@@ -11,6 +11,11 @@ How the pieces fit the Trainer:
   loss and embedding gradients) happen there, and the returned loss carries a hook that replays the
   mini-batches when the Trainer calls ``backward``; so the Trainer's step hosts it unchanged (no gradient
   accumulation on top of it).
+- Several processes (torchrun): ``train_embedder`` joins the process group and the Trainer wraps the model in DDP
+  (for the cached loss, whose replay fills each gradient several times, the Trainer averages the gradients
+  itself). MNRL's no-duplicates batches are global (processes x batch_size), cut into one slice per process;
+  mnrl, cached-mnrl and cosent gather the embeddings of every process with gradients (``losses/_distributed``),
+  so loss and gradients equal one process's on the global batch (tested to 1e-5).
 - Checkpoints hold the encoder in HF format plus the sentence-transformers files (so ``best/`` and ``final/``
   load in ``SentenceTransformer``); the softmax classifier, which is not part of the embedder, is kept beside
   them in ``loss_head.pt`` for resuming only.
@@ -40,12 +45,13 @@ from ..embeddings import losses as L
 from ..embeddings.sentence_model import FEATURE_NAMES, SentenceModel
 from ..errors import DataError, InputError
 from ..st_format import write_sentence_transformer
-from .trainer import Trainer, TrainingConfig
+from .trainer import Trainer, TrainingConfig, _distributed_info, init_distributed
 
 log = logging.getLogger(__name__)
 
 LOSSES = ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet")
 LOSS_HEAD_FILE = "loss_head.pt"
+GATHERING_LOSSES = ("mnrl", "cached-mnrl", "cosent")  # their value depends on the other examples of the batch
 
 
 def _column_keys(index: int) -> dict[str, str]:
@@ -64,6 +70,15 @@ class EmbedderTraining(nn.Module):
         self.loss = loss
         self.loss_name = loss_name
         self.columns = columns
+        pooler = getattr(model.encoder, "pooler", None)
+        if pooler is not None:  # the embedding never reads the pooler: frozen, so that DDP expects no gradient
+            pooler.requires_grad_(False)  # for it (one process skips a parameter without a gradient anyway)
+
+    @property
+    def ddp_compatible(self) -> bool:
+        """The cached loss fills each parameter's gradient once per replayed mini-batch, which DDP does not allow:
+        the Trainer averages the gradients itself then."""
+        return self.loss_name != "cached-mnrl"
 
     def _column(self, batch: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
         return {name: batch[key] for name, key in _column_keys(index).items() if key in batch}
@@ -181,12 +196,23 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
                      max_length: int | None = None, mini_batch_size: int = 32, pooling: str | None = None,
                      normalize: bool | None = None, scale: float = 20.0, triplet_margin: float = 5.0,
                      max_steps: int | None = None, eval_every: int = 0, save_every: int = 0, bf16: bool = False,
-                     device: str = "cpu", time_budget_s: float | None = None,
-                     show_progress: bool = True) -> EmbedderSetup:
+                     device: str = "cpu", time_budget_s: float | None = None, show_progress: bool = True,
+                     gather_across_processes: bool | None = None) -> EmbedderSetup:
     """Read the data, load the model and build the loss and the Trainer of ``train_embedder`` (its arguments),
-    without training."""
+    without training.
+
+    In a distributed run (torchrun; ``train_embedder`` joins the process group) ``batch_size`` is per process.
+    ``gather_across_processes`` (default: on for the losses that compare examples of a batch with one another:
+    mnrl, cached-mnrl, cosent) gathers every process's embeddings into the loss, so the global batch of
+    processes x batch_size examples gives the loss, and the gradients, of one process on that whole batch."""
     if loss not in LOSSES:
         raise InputError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    if gather_across_processes and loss not in GATHERING_LOSSES:
+        raise InputError(f"the {loss} loss compares each example with its own texts only, so there is nothing to "
+                         f"gather across processes (it already equals the one-process loss under DDP); "
+                         f"gathering applies to {', '.join(GATHERING_LOSSES)}")
+    world = _distributed_info()[0]
+    gather = (loss in GATHERING_LOSSES if gather_across_processes is None else gather_across_processes) and world > 1
     if epochs <= 0 or batch_size <= 0:
         raise InputError(f"epochs and batch_size must be positive, found {epochs} and {batch_size}")
     data = read_training_file(train_file, loss=loss)
@@ -207,12 +233,13 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         return L.MatryoshkaLoss(inner, matryoshka_dims) if matryoshka_dims else inner
 
     if loss == "mnrl":
-        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=scale))
+        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=scale, gather_across_processes=gather))
     elif loss == "cached-mnrl":
-        loss_module = L.CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size,
-                                                           loss=wrap(L.MultipleNegativesRankingLoss(scale=scale)))
+        loss_module = L.CachedMultipleNegativesRankingLoss(
+            model, mini_batch_size=mini_batch_size,
+            loss=wrap(L.MultipleNegativesRankingLoss(scale=scale, gather_across_processes=gather)))
     elif loss == "cosent":
-        loss_module = wrap(L.CoSENTLoss(scale=scale))
+        loss_module = wrap(L.CoSENTLoss(scale=scale, gather_across_processes=gather))
     elif loss == "cosine":
         loss_module = wrap(L.CosineSimilarityLoss())
     elif loss == "softmax":
@@ -239,22 +266,32 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
 
     mnrl_like = loss in ("mnrl", "cached-mnrl")
     if mnrl_like:
-        batcher = NoDuplicatesBatcher(examples, batch_size, seed=seed, fill=True, drop_last=False)
+        # Global batches of processes x batch_size without repeated texts; process p trains on slice p of each
+        # (the Trainer hands process p item position * processes + p), so no text repeats across processes either.
+        batcher = NoDuplicatesBatcher(examples, batch_size * world, seed=seed, fill=True, drop_last=False)
         cache: dict[int, list[list[int]]] = {}
 
         def batches_of(epoch: int) -> list[list[int]]:
             if epoch not in cache:
                 cache.clear()
-                cache[epoch] = batcher.batches(epoch)
+                cache[epoch] = _even_batches(batcher.batches(epoch), world)
             return cache[epoch]
 
-        train_items: Sequence[Any] = list(range(len(batches_of(0))))
+        if not batches_of(0):
+            raise DataError(f"{train_file}: {len(examples)} examples cannot give each of {world} processes one")
+        train_items: Sequence[Any] = list(range(len(batches_of(0)) * world))
         trainer_batch = 1
 
         def collate(items: list[int], epoch: int) -> dict[str, torch.Tensor]:
-            rows = [examples[i] for item in items for i in batches_of(epoch)[item]]
+            (item,) = items
+            global_batch = [examples[i] for i in batches_of(epoch)[item // world]]
+            size = len(global_batch) // world
+            local = slice(item % world * size, (item % world + 1) * size)
+            rows = global_batch[local]
             batch = tokenize_columns(rows)
-            batch["duplicates"] = L.text_ids([[e.texts[c] for e in rows] for c in range(columns)])
+            # text ids numbered over the whole global batch: equal on every process for one text
+            ids = L.text_ids([[e.texts[c] for e in global_batch] for c in range(columns)])
+            batch["duplicates"] = ids[:, local]
             return batch
     else:
         train_items = examples
@@ -268,7 +305,17 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
                 batch["labels"] = torch.tensor([e.label for e in rows], dtype=torch.long)
             return batch
 
-    steps_per_epoch = len(train_items) if mnrl_like else -(-len(train_items) // batch_size)
+    # The gathering CoSENT needs one batch size on every process: the last incomplete global batch is dropped.
+    drop_last = gather and not mnrl_like
+    global_batch_size = batch_size * world
+    if mnrl_like:
+        steps_per_epoch = len(train_items) // world
+    else:
+        steps_per_epoch = (len(train_items) // global_batch_size if drop_last
+                           else -(-len(train_items) // global_batch_size))
+        if steps_per_epoch == 0:
+            raise DataError(f"{train_file}: {len(train_items)} examples do not fill one batch of {batch_size} on each "
+                            f"of {world} processes; lower --batch-size")
     total_steps = max_steps or max(1, math.ceil(epochs * steps_per_epoch))
     evaluate = None
     metric = None
@@ -276,8 +323,9 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         metric, evaluate = _validation(valid, loss, data.labels)
     config = TrainingConfig(output_dir=str(out_dir), max_steps=total_steps, batch_size=trainer_batch,
                             learning_rate=learning_rate, warmup_ratio=warmup_ratio, eval_every=eval_every,
-                            save_every=save_every, seed=seed, bf16=bf16, device=device, drop_last=False,
+                            save_every=save_every, seed=seed, bf16=bf16, device=device, drop_last=drop_last,
                             time_budget_s=time_budget_s, show_progress=show_progress, metric_for_best=metric,
+                            shuffle=not mnrl_like,  # MNRL's batches come shuffled, and slice p of one goes to process p
                             save_final=True)
     wrapper = EmbedderTraining(model, loss_module, loss, columns)
     trainer = Trainer(wrapper, config, train_items, collate,
@@ -292,9 +340,28 @@ def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir
     ``valid`` is given) and final/ go under ``out_dir``; final/ is a sentence-transformers directory. Rerunning
     with the same out_dir resumes from its last checkpoint (``resume=False`` starts over). ``options``: those
     of ``prepare_embedder`` (loss, epochs, batch_size, learning_rate, matryoshka_dims, valid, ...)."""
-    setup = prepare_embedder(model_dir, train_file, out_dir, **options)
-    result = setup.trainer.train(resume=resume)
-    return finish_embedder(out_dir, setup, result)
+    joined = init_distributed()  # under torchrun: one process group, DDP, and the losses gather
+    try:
+        setup = prepare_embedder(model_dir, train_file, out_dir, **options)
+        result = setup.trainer.train(resume=resume)
+        return finish_embedder(out_dir, setup, result)
+    finally:
+        if joined:
+            torch.distributed.destroy_process_group()
+
+
+def _even_batches(batches: list[list[int]], processes: int) -> list[list[int]]:
+    """Each global batch cut to a multiple of the process count (only the epoch's last one can be short): the
+    processes then hold batches of one size, which gathering needs. At most processes - 1 examples of an epoch are
+    left out (another each epoch, as the order is reshuffled), and a last batch of fewer examples than processes."""
+    if processes == 1:
+        return batches
+    even = [batch[:len(batch) // processes * processes] for batch in batches]
+    left_out = sum(len(b) for b in batches) - sum(len(b) for b in even)
+    if left_out:
+        log.info("%d example(s) of this epoch left out, so that the last batch splits evenly over %d processes",
+                 left_out, processes)
+    return [batch for batch in even if batch]
 
 
 def finish_embedder(out_dir: str | Path, setup: EmbedderSetup, result: dict[str, Any]) -> EmbedderResult:

@@ -64,6 +64,7 @@ class TrainingConfig:
     time_budget_s: float | None = None  # also stop (and save) once this much training time has passed
     group_by_length: bool = False  # batches of similar lengths (needs the examples' lengths): less padding
     drop_last: bool = True  # drop an epoch's last partial batch (pre-training) or keep it (fine-tuning)
+    shuffle: bool = True  # False: the examples in their given order each epoch (a caller that shuffles them itself)
     metric_for_best: str | None = None  # an evaluation metric (e.g. "f1"): its best model is kept in best/
     greater_is_better: bool = True
     early_stopping_patience: int | None = None  # stop after this many evaluations without improvement
@@ -211,9 +212,17 @@ class Trainer:
         self.best_step: int | None = None
         self.evaluations_without_improvement = 0
         self.ddp_model = model
-        if self.world_size > 1:
+        self.averages_gradients = False  # True: this Trainer, not DDP, averages the gradients over the processes
+        if self.world_size > 1 and getattr(model, "ddp_compatible", True):
             self.ddp_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        elif self.world_size > 1:
+            # A model whose backward fills a parameter's gradient several times (GradCache's replay of its
+            # mini-batches) trips DDP's one-hook-per-parameter bookkeeping: start every process from rank 0's
+            # weights, as DDP would, and average the gradients after the step's last backward.
+            self.averages_gradients = True
+            for tensor in [*model.parameters(), *model.buffers()]:
+                torch.distributed.broadcast(tensor.data, 0)
 
     # ----- data order -------------------------------------------------------------------------
     @property
@@ -226,7 +235,7 @@ class Trainer:
     def _order(self, epoch: int) -> np.ndarray:
         if getattr(self, "_order_epoch", None) != epoch:
             rng = np.random.default_rng([self.config.seed, epoch])
-            order = rng.permutation(len(self.train_data))
+            order = rng.permutation(len(self.train_data)) if self.config.shuffle else np.arange(len(self.train_data))
             if self.config.group_by_length:
                 order = length_grouped(order, self.lengths, self.config.batch_size * self.world_size, rng)
             self._order_cache, self._order_epoch = order, epoch
@@ -335,6 +344,8 @@ class Trainer:
                 part_sums[name] = part_sums.get(name, 0.0) + float(value) * weight / self.world_size
             tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0
             examples += int(batch["input_ids"].shape[0])
+        if self.averages_gradients:
+            self._average_gradients()
         record: dict[str, Any] = {"step": self.step + 1, "loss": self._all_reduce_sum(loss_sum)}
         record.update({name: self._all_reduce_sum(value) for name, value in part_sums.items()})
         if config.max_grad_norm:
@@ -465,6 +476,21 @@ class Trainer:
                               device=self.device if self.device.type == "cuda" else "cpu")
         torch.distributed.all_reduce(tensor)
         return float(tensor.item())
+
+    def _average_gradients(self) -> None:
+        """What DDP does to the gradients, in one all-reduce: their mean over the processes (a parameter without
+        a gradient on every process counts as zero there)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        torch.distributed.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
 
     def _barrier(self) -> None:
         if self.world_size > 1:

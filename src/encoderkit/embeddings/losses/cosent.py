@@ -7,6 +7,11 @@ is more similar than pair j (s_i > s_j), the model's cosine of pair i should exc
     L = log(1 + sum_{(i, j): s_i > s_j} exp(lambda * (cos(u_j, v_j) - cos(u_i, v_i)))),    lambda = 20.
 
 Only the order of the scores matters (ties give no term), so any score scale works.
+
+The sum runs over every two pairs of the batch, so in a distributed run each process's own batch would give
+another loss. ``gather_across_processes=True`` gathers the cosines (with gradients) and the scores of every
+process, and each process computes the loss of the whole global batch; averaged by DDP, the gradients are those
+of one process on the concatenated batch (see ``_distributed``).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_embeddings, check_targets
+from ._distributed import check_batch_sizes, gather, process_group
 
 
 class CoSENTLoss(nn.Module):
@@ -22,14 +28,18 @@ class CoSENTLoss(nn.Module):
 
     compares_by_cosine = True
 
-    def __init__(self, scale: float = 20.0) -> None:
+    def __init__(self, scale: float = 20.0, gather_across_processes: bool = False) -> None:
         super().__init__()
         self.scale = scale
+        self.gather_across_processes = gather_across_processes
 
     def forward(self, u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         batch = check_embeddings("CoSENTLoss", ("u", "v"), u, v)
         scores = check_targets("CoSENTLoss", "scores", scores, batch).to(u.device)
         cosine = F.cosine_similarity(u.float(), v.float(), dim=1) * self.scale
+        if self.gather_across_processes and process_group()[0] > 1:
+            check_batch_sizes("CoSENTLoss", batch, u.device)
+            cosine, scores = gather(cosine), gather(scores.contiguous())
         differences = cosine[None, :] - cosine[:, None]  # [i, j] = lambda * (cos_j - cos_i)
         ordered = scores[:, None] > scores[None, :]  # [i, j]: pair i should score above pair j
         terms = differences.masked_select(ordered)

@@ -32,6 +32,7 @@ from torch import nn
 
 from ...errors import InputError
 from ._checks import check_embeddings
+from ._distributed import check_batch_sizes, gather, process_group
 
 
 def text_ids(columns: Sequence[Sequence[str]]) -> torch.Tensor:
@@ -42,58 +43,83 @@ def text_ids(columns: Sequence[Sequence[str]]) -> torch.Tensor:
                         dtype=torch.long)
 
 
-def false_negative_masks(duplicates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def false_negative_masks(duplicates: torch.Tensor,
+                         rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """From (columns, batch) text ids: a (batch, candidates) mask of the candidates that are right answers of
     each anchor besides its own positive, and a (batch, batch) mask of the anchors that are right answers of
-    each positive besides its own anchor (the reverse term)."""
-    anchors, positives, candidates = duplicates[0], duplicates[1], duplicates[1:].reshape(-1)
-    same_anchor = anchors[:, None] == anchors[None, :]
-    same_positive = positives[:, None] == positives[None, :]
-    # anchor i: any candidate equal to the positive of a pair whose anchor equals a_i
-    forward = (same_anchor.float() @ (positives[:, None] == candidates[None, :]).float()) > 0
-    # positive i: any anchor equal to the anchor of a pair whose positive equals p_i
-    backward = (same_positive.float() @ same_anchor.float()) > 0
-    diagonal = torch.arange(len(anchors), device=duplicates.device)
-    forward[diagonal, diagonal] = False
-    backward[diagonal, diagonal] = False
+    each positive besides its own anchor (the reverse term). ``rows``: only these anchors' (positives') rows
+    (one process's part of a gathered batch).
+
+    Anchor i's right answers are the texts p_j of the pairs (a_j, p_j) with a_j = a_i, so candidate c is masked
+    when (a_i, c) is one of the batch's (anchor, positive) pairs; positive i's right answers are the anchors a_k
+    with (p_i, a_k) among the (positive, anchor) pairs. Testing membership of those pairs (as one integer key
+    each) costs a sort, not a (batch x batch x candidates) product, so a batch gathered from many processes stays
+    cheap."""
+    _, compact = torch.unique(duplicates, return_inverse=True)  # ids 0..n-1, so that a pair fits one int64
+    n = int(compact.max()) + 1
+    anchors, positives, candidates = compact[0], compact[1], compact[1:].reshape(-1)
+    rows = torch.arange(len(anchors), device=duplicates.device) if rows is None else rows
+    forward = torch.isin(anchors[rows, None] * n + candidates[None, :], anchors * n + positives)
+    backward = torch.isin(positives[rows, None] * n + anchors[None, :], positives * n + anchors)
+    local = torch.arange(len(rows), device=duplicates.device)
+    forward[local, rows] = False
+    backward[local, rows] = False
     return forward, backward
 
 
 class MultipleNegativesRankingLoss(nn.Module):
     """``forward(anchors, positives, *negatives, duplicates=None)``: cross-entropy of scale * cos over the batch's
     candidates, the right one on the diagonal. ``duplicates``: optional (columns, batch) integer text ids (one
-    row per tensor passed, in order; ``text_ids`` builds them) so that repeated texts are not negatives."""
+    row per tensor passed, in order; ``text_ids`` builds them) so that repeated texts are not negatives.
+
+    ``gather_across_processes=True``: in a ``torch.distributed`` run (torchrun, DDP) each process ranks its own
+    anchors against the candidates of every process (and, symmetric, its own positives against every anchor),
+    gathered with gradients, so the negatives grow with the number of processes; the labels are offset by the
+    rank times the local batch. Averaged by DDP, the gradients equal those of one process on the concatenated
+    batch (see ``_distributed``). Every process must hold a batch of one size, and ``duplicates`` ids must mean
+    the same text on every process (``train_embedder`` numbers the texts of the whole global batch). Outside a
+    distributed run it changes nothing."""
 
     compares_by_cosine = True
 
-    def __init__(self, scale: float = 20.0, symmetric: bool = False) -> None:
+    def __init__(self, scale: float = 20.0, symmetric: bool = False, gather_across_processes: bool = False) -> None:
         super().__init__()
         if not scale > 0:
             raise InputError(f"the scale must be positive, found {scale}")
         self.scale = scale
         self.symmetric = symmetric
+        self.gather_across_processes = gather_across_processes
 
     def forward(self, anchors: torch.Tensor, positives: torch.Tensor, *negatives: torch.Tensor,
                 duplicates: torch.Tensor | None = None) -> torch.Tensor:
         columns = (anchors, positives, *negatives)
         names = ("anchors", "positives") + tuple(f"negatives[{k}]" for k in range(len(negatives)))
         batch = check_embeddings("MultipleNegativesRankingLoss", names, *columns)
-        a = F.normalize(anchors, p=2, dim=1)
-        c = F.normalize(torch.cat(columns[1:], dim=0), p=2, dim=1)
-        scores = self.scale * a @ c.T  # (batch, batch * (1 + negative columns))
-        targets = torch.arange(batch, device=scores.device)
-        forward_mask = backward_mask = None
         if duplicates is not None:
-            duplicates = torch.as_tensor(duplicates, device=scores.device)
+            duplicates = torch.as_tensor(duplicates, device=anchors.device)
             if duplicates.shape != (len(columns), batch) or duplicates.is_floating_point():
                 raise InputError(f"duplicates must be integer text ids of shape (columns, batch) = "
                                  f"({len(columns)}, {batch}), found {duplicates.dtype} {tuple(duplicates.shape)}")
-            forward_mask, backward_mask = false_negative_masks(duplicates)
+        world, rank = process_group() if self.gather_across_processes else (1, 0)
+        candidates, all_anchors = columns[1:], anchors
+        if world > 1:
+            check_batch_sizes("MultipleNegativesRankingLoss", batch, anchors.device)
+            candidates = tuple(gather(column) for column in candidates)
+            all_anchors = gather(anchors) if self.symmetric else anchors
+            duplicates = gather(duplicates.T.contiguous()).T if duplicates is not None else None
+        rows = torch.arange(rank * batch, (rank + 1) * batch, device=anchors.device)  # the local rows' labels
+        a = F.normalize(anchors, p=2, dim=1)
+        c = F.normalize(torch.cat(candidates, dim=0), p=2, dim=1)
+        scores = self.scale * a @ c.T  # (batch, global batch * (1 + negative columns))
+        forward_mask = backward_mask = None
+        if duplicates is not None:
+            forward_mask, backward_mask = false_negative_masks(duplicates, rows)
             scores = scores.masked_fill(forward_mask, float("-inf"))
-        loss = F.cross_entropy(scores, targets)
+        loss = F.cross_entropy(scores, rows)
         if self.symmetric:
-            reverse = self.scale * c[:batch] @ a.T  # positive i against every anchor
+            # positive i against every anchor
+            reverse = self.scale * F.normalize(positives, p=2, dim=1) @ F.normalize(all_anchors, p=2, dim=1).T
             if backward_mask is not None:
                 reverse = reverse.masked_fill(backward_mask, float("-inf"))
-            loss = (loss + F.cross_entropy(reverse, targets)) / 2
+            loss = (loss + F.cross_entropy(reverse, rows)) / 2
         return loss
