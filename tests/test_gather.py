@@ -136,7 +136,7 @@ def test_gathered_losses_equal_one_process(tmp_path: Path, tiny_dir: Path) -> No
         loss, name, columns = build(case, model, gather=True)  # one process: gathering changes nothing
         value = EmbedderTraining(model, loss, name, len(columns))(**batch_of(model, name, columns, slice(None))).loss
         value.backward()
-        reference[case] = float(value), gradients(model)
+        reference[case] = float(value.detach()), gradients(model)
     for case in CASES[:-1]:
         (loss, grads), (want_loss, want_grads) = ranks[case], reference[case]
         assert abs(loss - want_loss) < 1e-5, (case, loss, want_loss)
@@ -185,3 +185,11 @@ def test_train_embedder_torchrun_two_processes_equal_one(tmp_path: Path, tiny_di
     with torch.no_grad():
         texts = trained.tokenize([a for a, _ in pairs[:5]])
         assert float((trained.embed(texts) - reference.embed(texts)).abs().max()) < 1e-4
+
+
+def test_gathering_a_loss_without_in_batch_comparisons_is_refused(tmp_path: Path) -> None:
+    from encoderkit.training.sentence import prepare_embedder
+
+    with pytest.raises(InputError, match="nothing to gather across processes.*mnrl, cached-mnrl, cosent"):
+        prepare_embedder(None, tmp_path / "unread.tsv", tmp_path / "out", loss="triplet", gather_across_processes=True)
+

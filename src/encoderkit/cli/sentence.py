@@ -37,14 +37,16 @@ def parse_dims(text: str | None) -> list[int] | None:
 @click.option("--warmup-ratio", type=float, default=0.1, show_default=True)
 @click.option("--eval-every", type=int, default=0, show_default=True, help="steps (0: at the end only)")
 @click.option("--save-every", type=int, default=0, show_default=True, help="steps (0: at the end only)")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: the GPU (under torchrun, each process its LOCAL_RANK's GPU, over NCCL)")
 @out_option("output directory (checkpoints, metrics.jsonl, loss.png, best/, final/)")
 @seed_option(42)
 @max_length_option()
 @restart_option("ignore the checkpoints of an interrupted run in --out")
 def train_embedder_cmd(model: str | None, train_file: str, loss: str, matryoshka: str | None, valid: str | None,
                        epochs: float, batch_size: int, mini_batch_size: int, lr: float, warmup_ratio: float,
-                       eval_every: int, save_every: int, out_dir: str, seed: int, max_length: int | None,
-                       restart: bool) -> None:
+                       eval_every: int, save_every: int, device: str, out_dir: str, seed: int,
+                       max_length: int | None, restart: bool) -> None:
     """Fine-tune a model into a sentence embedder with an SBERT loss."""
     import sys
 
@@ -53,7 +55,7 @@ def train_embedder_cmd(model: str | None, train_file: str, loss: str, matryoshka
     result = train_embedder(model, train_file, out_dir, loss=loss, epochs=epochs, batch_size=batch_size,
                             learning_rate=lr, warmup_ratio=warmup_ratio, matryoshka_dims=parse_dims(matryoshka),
                             valid=valid, seed=seed, max_length=max_length, mini_batch_size=mini_batch_size,
-                            eval_every=eval_every, save_every=save_every, resume=not restart,
+                            eval_every=eval_every, save_every=save_every, resume=not restart, device=device,
                             show_progress=sys.stderr.isatty())
     if result.metric and result.best_metric is not None:
         click.echo(f"best {result.metric}: {result.best_metric:.4f} at step {result.best_step}")

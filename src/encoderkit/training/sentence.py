@@ -340,7 +340,7 @@ def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir
     ``valid`` is given) and final/ go under ``out_dir``; final/ is a sentence-transformers directory. Rerunning
     with the same out_dir resumes from its last checkpoint (``resume=False`` starts over). ``options``: those
     of ``prepare_embedder`` (loss, epochs, batch_size, learning_rate, matryoshka_dims, valid, ...)."""
-    joined = init_distributed()  # under torchrun: one process group, DDP, and the losses gather
+    joined = init_distributed(options.get("device", "cpu"))  # under torchrun: one process group, DDP, gathering
     try:
         setup = prepare_embedder(model_dir, train_file, out_dir, **options)
         result = setup.trainer.train(resume=resume)

@@ -497,12 +497,14 @@ class Trainer:
             torch.distributed.barrier()
 
 
-def init_distributed() -> bool:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on GPU."""
+def init_distributed(device: str | None = None) -> bool:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1): gloo on CPU, nccl on GPU (``device``:
+    where the job will train; None: a GPU when there is one)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not torch.distributed.is_available():
         return False
     if not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        on_gpu = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
+        backend = "nccl" if on_gpu else "gloo"
         torch.distributed.init_process_group(backend)
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -21,6 +21,11 @@ text as a_i; for positive i in the reverse term, every anchor whose text is the 
 same positive as p_i. sentence-transformers 6 masks nothing in the loss (its ``gather_across_devices`` only
 gathers embeddings from other GPUs); it relies on a ``NoDuplicatesBatchSampler`` that keeps repeated texts
 out of a batch.
+
+Several processes. With ``gather_across_processes=True`` the candidates (and, symmetric, the anchors) of every
+process of a ``torch.distributed`` run are gathered with gradients: process p ranks its own anchors against all
+of them, its labels offset by p x batch. The mean of the processes' losses is then the loss of the global batch,
+and DDP's average of their gradients its gradient (``_distributed`` has the argument).
 """
 from __future__ import annotations
 
