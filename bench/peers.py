@@ -466,8 +466,10 @@ def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
         stack.pop().__exit__(None, None, None)
 
     for layer in embedder.model.layers:
-        hooks += [layer.attention.register_forward_pre_hook(enter("ek::attention")),
-                  layer.attention.register_forward_hook(leave)]
+        for module, name in ((layer.attention, "ek::attention"),
+                             (layer.attention.output, "ek::linear:attention output"),
+                             (layer.ffn_in, "ek::linear:ffn in"), (layer.ffn_out, "ek::linear:ffn out")):
+            hooks += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
     hooks += [embedder.model.embeddings.register_forward_pre_hook(enter("ek::embeddings")),
               embedder.model.embeddings.register_forward_hook(leave)]
     try:
@@ -499,7 +501,11 @@ def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
         op_time += seconds
         op_count += 1
         op_names[event.name] += seconds
-        kind = OP_KINDS.get(event.name) or next((SCOPE_KINDS[s] for s in scopes), "other ops (residual add, copies)")
+        kind = OP_KINDS.get(event.name) or next((SCOPE_KINDS[s] for s in scopes if s in SCOPE_KINDS),
+                                                "other ops (residual add, copies)")
+        if kind == "linear (matmul)":  # which linear: the innermost scope says (qkv is no module of its own)
+            kind += ": " + (scopes[0][len("ek::linear:"):] if scopes and scopes[0].startswith("ek::linear:") else
+                            "qkv" if "ek::attention" in scopes else "other")
         kinds[kind] += seconds
     tokenize = scope_totals["ek::tokenize"]  # Python + Rust, no torch ops inside
     kinds["tokenization"] = tokenize
@@ -516,10 +522,19 @@ ORT_KINDS = {"MatMul": "linear (matmul)", "FusedMatMul": "linear (matmul)", "Gem
              "SkipLayerNormalization": "layernorm (+ residual add)", "LayerNormalization": "layernorm",
              "BiasGelu": "gelu (+ bias add)", "FastGelu": "gelu", "Gelu": "gelu",
              "EmbedLayerNormalization": "embeddings (+ layernorm)", "Gather": "embeddings"}
+def linear_part(node_name: str) -> str:
+    """Which of a BERT layer's linears an exported node is, from its ONNX name."""
+    for part, label in (("/attention/self/", "qkv"), ("/attention/output/", "attention output"),
+                        ("/intermediate/", "ffn in"), ("/output/", "ffn out")):
+        if part in node_name:
+            return label
+    return "other"
+
+
 def openvino_kind(node_type: str, node_name: str) -> str:
     """OpenVINO fuses across ops (its "Subgraph" nodes): a node's kind is read from the ONNX name it kept."""
     if node_type in ("FullyConnected", "MatMul") and "/attention/self/MatMul" not in node_name:
-        return "linear (matmul)"
+        return "linear (matmul): " + linear_part(node_name)
     for part, kind in (("/attention/self/", "attention"), ("/intermediate/", "gelu"), ("LayerNorm", "layernorm"),
                        ("/embeddings/", "embeddings")):
         if part in node_name:
@@ -562,9 +577,10 @@ def profile_peer(contender: Contender, onnx_path: Path, sentences: list[str], to
         trace = json.loads(Path(session.end_profiling()).read_text())
         for event in trace:
             if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-                op_types[event["args"]["op_name"]] += event["dur"] / 1e6
-        for op, seconds in op_types.items():
-            kinds[ORT_KINDS.get(op, f"other ({op})")] += seconds
+                op, seconds = event["args"]["op_name"], event["dur"] / 1e6
+                op_types[op] += seconds
+                kind = ORT_KINDS.get(op, f"other ({op})")
+                kinds[kind + (": " + linear_part(event["name"]) if kind == "linear (matmul)" else "")] += seconds
     else:  # OpenVINO's CPU counters are each node's mean over all inferences of the request so far
         for info in request.profiling_info:
             if info.status.name == "EXECUTED":

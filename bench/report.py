@@ -298,6 +298,14 @@ def render_peers(r: dict[str, Any]) -> list[str]:
     lines += _table(["runtime", "precision", "p50 ms", "p90 ms", "p99 ms"],
                     [[row["contender"], row["kind"], f"{row['p50_ms']:.2f}", f"{row['p90_ms']:.2f}",
                       f"{row['p99_ms']:.2f}"] for row in latency["rows"]])
+    p50 = {row["contender"]: row["p50_ms"] for row in latency["rows"]}
+    peer_p50 = [row for row in latency["rows"]
+                if not row["contender"].startswith(("encoderkit", "sentence-transformers")) and row["kind"] == "fp32"]
+    if peer_p50 and "encoderkit fp32" in p50:
+        best = min(peer_p50, key=lambda row: row["p50_ms"])
+        lines += ["", f"- encoderkit fp32 p50 / the best full-precision peer's p50 ({best['contender']}, "
+                      f"{best['p50_ms']:.2f} ms): **{p50['encoderkit fp32'] / best['p50_ms']:.2f}** "
+                      "(goal: at most 1.0)"]
     return lines + [""]
 
 
