@@ -26,6 +26,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -c constraints.txt -e '.[ann,test]'
 	touch $@
 
+# `make bench`: the test references plus the peers the benchmarks compare with (the bench extra: ONNX Runtime,
+# OpenVINO, CTranslate2, datasets); run the scripts in bench/ yourself.
+$(VENV)/.installed-bench: $(VENV)/.installed-test
+	$(PIP) install -c constraints.txt -e '.[ann,bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
+
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed

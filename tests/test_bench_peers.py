@@ -1,0 +1,68 @@
+"""bench/peers.py: the peers' pipeline (tokenizer.json, padding, mean pooling, normalisation, batches sorted by
+length and put back in input order) gives sentence-transformers' vectors, so the benchmark times equal work;
+an encoderkit dtype that does not exist is reported as not available rather than failing the run."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_peers", BENCH / "peers.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_peers"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    module.PEER_CACHE = tmp_path_factory.mktemp("peer-cache")  # exports go here, not into bench/.cache
+    return module
+
+
+@pytest.fixture(scope="module")
+def texts(bench_sentences) -> list[str]:
+    """A mix of lengths (one past 256 tokens, so truncation counts), in an order that is not sorted."""
+    long = max(bench_sentences, key=len)
+    return [bench_sentences[0], long, "ok", *bench_sentences[1:40]]
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir, texts) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu").encode(texts, batch_size=32, normalize_embeddings=True)
+
+
+pytestmark = pytest.mark.data
+
+
+def test_onnx_runtime_contender_equals_sentence_transformers(peers, minilm_dir, texts, reference):
+    pytest.importorskip("onnxruntime")
+    contender = peers.ort_contender("ONNX Runtime", "fp32", peers.export_onnx(minilm_dir),
+                                    peers.PeerTokenizer(minilm_dir), "")
+    vectors = contender.encode(texts)
+    assert vectors.shape == reference.shape
+    assert np.abs(vectors - reference).max() < 1e-5
+    assert np.abs(contender.one(texts[1]) - reference[1]).max() < 1e-5
+
+
+def test_ctranslate2_contender_equals_sentence_transformers(peers, minilm_dir, texts, reference):
+    pytest.importorskip("ctranslate2")
+    contender = peers.ct2_contender("CTranslate2 float32", "float32", peers.convert_ct2(minilm_dir),
+                                    peers.PeerTokenizer(minilm_dir), "")
+    assert np.abs(contender.encode(texts) - reference).max() < 1e-5
+
+
+def test_unknown_encoderkit_dtype_is_not_available(peers, minilm_dir):
+    from encoderkit import Embedder
+
+    assert peers.encoderkit_embedder(minilm_dir, "fp16x") is None
+    assert isinstance(peers.encoderkit_embedder(minilm_dir, "fp32"), Embedder)
