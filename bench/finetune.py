@@ -302,7 +302,8 @@ def main() -> None:
         started = time.time()
         result = run_task(task, args.contenders.split(","), args.chunk, args.seed, args.threads, args.epochs)
         if args.epochs != HYPER["epochs"]:
-            print(f"  (--epochs {args.epochs:g}: a trial run, not written to {RESULTS / 'finetune.json'})")
+            record_trial({**result, "epochs": args.epochs, "seed": args.seed, "chunk": args.chunk,
+                          "wall_seconds": time.time() - started})
             continue
         result["wall_seconds"], result["seed"] = time.time() - started, args.seed
         result["machine"], result["date"] = machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -328,6 +329,22 @@ def main() -> None:
         tasks = sorted(earlier.values(), key=lambda t: (order.index(t["task"]) if t["task"] in order else 99,
                                                         _key(t)[1]))
         write_result("finetune", {"hyperparameters": HYPER, "chunk": args.chunk, "tasks": tasks})
+
+
+def record_trial(trial: dict[str, Any]) -> None:
+    """A bounded run (``--epochs`` below one: the schedule is that of the shorter run, warm-up and decay included)
+    is kept under "trials" in finetune.json, beside the full-epoch results: the timing runs of issue 22. A rerun of
+    the same task, seed and epochs replaces its earlier trial."""
+    path = RESULTS / "finetune.json"
+    if not path.is_file():
+        print(f"  (no {path} to keep the trial in)")
+        return
+    full = json.loads(path.read_text(encoding="utf-8"))
+    trial = {**trial, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    same = (trial["task"], trial["seed"], trial["epochs"])
+    full["trials"] = [t for t in full.get("trials", []) if (t["task"], t["seed"], t["epochs"]) != same] + [trial]
+    path.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
+    print(f"  trial kept in {path}")
 
 
 def _key(task: dict[str, Any]) -> tuple[str, int]:
