@@ -11,11 +11,14 @@ Contenders:
 - transformers: `Trainer` with its defaults (random batches, fused AdamW) and dynamic padding
   (DataCollatorWithPadding / DataCollatorForTokenClassification), features built the way transformers'
   example scripts build them;
-- transformers, length-grouped: the same with `train_sampling_strategy="group_by_length"`;
+- transformers, length-grouped: the same with `train_sampling_strategy="group_by_length"` (the `group_by_length=True`
+  of older releases): what a careful user runs, and issue 22's reference. fp32, `dataloader_num_workers=0` (on two
+  cores a loader process only takes a core from the model), no torch.compile;
 - transformers, padding masked (SQuAD only, an ablation, not in the default set): the Trainer with encoderkit's
   span loss, padding masked out of the start/end softmax; everything else as the default contender;
 - encoderkit: `encoderkit finetune`'s recipe with length-grouped batches (the recipe's default for SST-2 and CoNLL),
-  unpadded training;
+  unpadded training, its linear layers' products (forward and both gradients) on oneDNN in fp32
+  (modeling/training_linear.py);
 - encoderkit, random batches: no length grouping (the batches transformers' default draws, and the recipe's default
   for QA), unpadded; attention runs on groups of similar length inside each batch;
 - encoderkit bf16 autocast: length-grouped; only where the CPU has native bf16 (otherwise recorded as skipped).
@@ -29,6 +32,9 @@ another's dropout masks.) Training time excludes evaluation. Every final model i
 accuracy, seqeval-style entity F1, official SQuAD EM/F1); transformers' models are loaded into encoderkit
 for that (outputs equal within 1e-5, tested).
 
+A run of part of an epoch (``--epochs 0.1``: its own, shorter schedule) is kept under "trials" in the results and
+rendered as issue 22's table: bounded timing runs, a few seeds each.
+
     python bench/finetune.py [--tasks sst2,conll,squad] [--chunk 10] [--contenders ...] [--seed 42] [--epochs 0.05]
 """
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -302,7 +309,9 @@ def main() -> None:
         started = time.time()
         result = run_task(task, args.contenders.split(","), args.chunk, args.seed, args.threads, args.epochs)
         if args.epochs != HYPER["epochs"]:
-            print(f"  (--epochs {args.epochs:g}: a trial run, not written to {RESULTS / 'finetune.json'})")
+            record_trial({**result, "epochs": args.epochs, "seed": args.seed, "chunk": args.chunk,
+                          "wall_seconds": time.time() - started,
+                          "command": "python bench/finetune.py " + " ".join(sys.argv[1:])})
             continue
         result["wall_seconds"], result["seed"] = time.time() - started, args.seed
         result["machine"], result["date"] = machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -328,6 +337,22 @@ def main() -> None:
         tasks = sorted(earlier.values(), key=lambda t: (order.index(t["task"]) if t["task"] in order else 99,
                                                         _key(t)[1]))
         write_result("finetune", {"hyperparameters": HYPER, "chunk": args.chunk, "tasks": tasks})
+
+
+def record_trial(trial: dict[str, Any]) -> None:
+    """A bounded run (``--epochs`` below one: the schedule is that of the shorter run, warm-up and decay included)
+    is kept under "trials" in finetune.json, beside the full-epoch results: the timing runs of issue 22. A rerun of
+    the same task, seed and epochs replaces its earlier trial."""
+    path = RESULTS / "finetune.json"
+    if not path.is_file():
+        print(f"  (no {path} to keep the trial in)")
+        return
+    full = json.loads(path.read_text(encoding="utf-8"))
+    trial = {**trial, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    same = (trial["task"], trial["seed"], trial["epochs"])
+    full["trials"] = [t for t in full.get("trials", []) if (t["task"], t["seed"], t["epochs"]) != same] + [trial]
+    path.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
+    print(f"  trial kept in {path}")
 
 
 def _key(task: dict[str, Any]) -> tuple[str, int]:
@@ -400,7 +425,47 @@ def render(r: dict[str, Any]) -> list[str]:
                           "tokens only and its attention on groups of similar length within each batch, so random "
                           "batches cost it no speed here."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
-    return lines
+    full_rates = {task["task"]: row["examples_per_second"] for task in r["tasks"] if _key(task)[1] == h["seed"]
+                  for row in task["rows"] if row["contender"] == "transformers-grouped"}
+    return lines + _render_trials(r.get("trials", []), full_rates)
+
+
+def _render_trials(trials: list[dict[str, Any]], full_rates: dict[str, float]) -> list[str]:
+    """Issue 22's comparison: bounded runs of encoderkit against the length-grouped Trainer, per task and seed."""
+    from report import _machine, _table
+
+    if not trials:
+        return []
+    lines = ["### encoderkit vs transformers' Trainer with group_by_length, bounded runs (issue 22)", "",
+             "Part of an epoch each (`--epochs`), its own schedule (10% warm-up, linear decay to 0 at the run's end); "
+             "the same interleaved turns, processes and evaluator as above. transformers-grouped is what a careful "
+             "user runs: `train_sampling_strategy=\"group_by_length\"`, dynamic padding, fp32, fused AdamW, "
+             "`dataloader_num_workers=0`, no torch.compile. encoderkit runs its recipe (length-grouped batches; "
+             "random ones for QA, encoderkit-random), unpadded, fp32, its linear layers' products on oneDNN.", "",
+             _machine({"benchmark": "finetune", **trials[-1]}), ""]
+    rows = []
+    for trial in sorted(trials, key=lambda t: (list(TASK_TITLES).index(t["task"]) if t["task"] in TASK_TITLES else 99,
+                                                t["epochs"], t["seed"])):
+        scale = 1.0 if trial["task"] == "squad" else 100.0
+        by_name = {row["contender"]: row for row in trial["rows"]}
+        reference = by_name.get("transformers-grouped")
+        for row in trial["rows"]:
+            if not row["contender"].startswith("encoderkit") or reference is None:
+                continue
+            metric = trial["main_metric"]
+            rows.append([trial["task"], f"{trial['epochs']:g} ({trial['steps']} steps)", str(trial["seed"]),
+                         row["contender"], f"{reference['examples_per_second']:,.1f}",
+                         f"{row['examples_per_second']:,.1f}",
+                         f"**{row['examples_per_second'] / reference['examples_per_second']:.2f}x**",
+                         f"{scale * reference['metrics'][metric]:.2f}", f"{scale * row['metrics'][metric]:.2f}"])
+            rows[-1].append(f"{100 * reference['examples_per_second'] / full_rates[trial['task']]:.0f}%"
+                            if trial["task"] in full_rates else "")
+    lines += _table(["task", "epochs", "seed", "encoderkit contender", "grouped Trainer examples/s",
+                     "encoderkit examples/s", "speed vs grouped Trainer", "Trainer metric", "encoderkit metric",
+                     "grouped Trainer's rate / its full-epoch rate above"], rows)
+    return lines + ["", "Metrics: SST-2 accuracy x100, CoNLL entity F1 x100, SQuAD F1. The last column shows how busy "
+                        "the machine was: far below 100%, other jobs shared the two cores during the run (they ran "
+                        "outside the benchmark lock), and the ratio between contenders is not to be trusted.", ""]
 
 
 def _seed_spread(tasks: list[dict[str, Any]], name: str, scale: float) -> list[str]:

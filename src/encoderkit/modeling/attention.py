@@ -22,6 +22,7 @@ from torch import nn
 from ..config import EncoderConfig
 from ..errors import InputError
 from .packing import AttentionGroup, Packing, combine_biases
+from .training_linear import linear
 
 
 def causal_bias(length: int, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
@@ -197,7 +198,7 @@ class SelfAttention(nn.Module):
             return self.fused_projection(x)
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
         bias = None if self.query.bias is None else torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias)
 
     fused_projection: nn.Module | None = None  # set by ``for_inference``: the three projections pre-packed as one
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import EncoderkitError, InputError
+from ..modeling.training_linear import for_training
 from ..progress import Progress
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ class Trainer:
         if self.device.type == "cuda" and self.world_size > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         model.to(self.device)
+        for_training(model)  # oneDNN products while training in fp32 on CPU (modeling/training_linear.py)
         self.optimizer = make_optimizer(model, config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
         self.step = 0
