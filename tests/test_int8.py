@@ -57,13 +57,15 @@ def test_int8_products_equal_a_fake_quantised_reference() -> None:
     w_scale = weight.abs().amax(1, keepdim=True) / 127
     w_q = torch.round(weight / w_scale).clamp(-127, 127) * w_scale
     low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    levels = 255 if cpu_has_vnni() else 127
+    levels = 255
     scale = (high - low) / levels
     zero = round(-low / scale)
     x_q = (torch.clamp(torch.round(x / scale) + zero, 0, levels) - zero) * scale
     expected = F.linear(x_q, w_q, bias)
     got = Int8Prepacked([weight], [bias], "test")(x)
-    assert (got - expected).abs().max() < 1e-3 * expected.abs().max()
+    # Without VNNI oneDNN halves the weights (7 bits) so that AVX2's 16-bit sums cannot overflow.
+    tolerance = 1e-3 if cpu_has_vnni() else 2e-2
+    assert (got - expected).abs().max() < tolerance * expected.abs().max()
     assert (got - F.linear(x, weight, bias)).abs().max() > 1e-3  # not the fp32 product
 
 
@@ -135,7 +137,7 @@ def test_guard_fires_on_huge_activation_outliers_and_names_the_layers(caplog) ->
     model = broken_model()
     ids, _ = random_sequences(model.config, [12, 30, 7, 19] * 4)
     with caplog.at_level(logging.WARNING):
-        engine = Engine(model, Precision.quantized(), calibration=ids)
+        engine = Engine(model, Precision.quantized(smoothing=False), calibration=ids)
     report = engine.quantization
     assert not report.ok and report.texts == 16
     assert report.mean_cosine < MEAN_COSINE_MIN or report.worst_cosine < WORST_COSINE_MIN
@@ -143,8 +145,12 @@ def test_guard_fires_on_huge_activation_outliers_and_names_the_layers(caplog) ->
     assert "int8 changes this model's outputs more than expected" in caplog.text
     assert "--dtype fp32" in caplog.text and "fp32_layers" in caplog.text
     # Its own advice, followed, brings it back within the thresholds.
-    healthy = Engine(broken_model(), Precision.quantized(fp32_layers=report.worst_layers(1)), calibration=ids)
+    healthy = Engine(broken_model(), Precision.quantized(fp32_layers=report.worst_layers(1), smoothing=False),
+                     calibration=ids)
     assert healthy.quantization.ok, healthy.quantization
+    # SmoothQuant moves this outlier into the weights: with it (the default) the guard is satisfied too.
+    smoothed = Engine(broken_model(), Precision.quantized(), calibration=ids).quantization
+    assert smoothed.ok and smoothed.smoothing["layers.1.attention.output"] is not None, smoothed
     exact = pooled(broken_model(), ids, None, "fp32")  # the fp32 function is the unbroken model's
     assert (exact - pooled(random_model("bert"), ids, None, "fp32")).abs().max() < 1e-4
 

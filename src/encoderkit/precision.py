@@ -76,13 +76,15 @@ class Precision:
     """The compute dtype of an inference job and its batch size in tokens, resolved once from the user's choice.
 
     ``int8``: the encoder's linear layers run in int8 (``modeling.inference.Int8Prepacked``), everything else in
-    ``dtype`` (fp32); ``fp32_layers`` names linears kept in fp32 (``"layers.5.ffn_out"``; see
-    ``encoderkit.quantization``)."""
+    ``dtype`` (fp32); ``fp32_layers`` names linears kept in fp32 (``"layers.5.ffn_out"``); ``smoothing``:
+    SmoothQuant, each layer's strength calibrated on the accuracy guard's texts. See
+    ``encoderkit.quantization``."""
 
     dtype: torch.dtype
     token_budget: int
     int8: bool = False
     fp32_layers: tuple[str, ...] = ()
+    smoothing: bool = True
 
     @property
     def name(self) -> str:
@@ -103,12 +105,14 @@ class Precision:
 
     @classmethod
     def quantized(cls, purpose: str = "task", *, fp32_layers: tuple[str, ...] | list[str] = (),
-                  token_budget: int | None = None, at_least: int = 0) -> "Precision":
+                  smoothing: bool = True, token_budget: int | None = None,
+                  at_least: int = 0) -> "Precision":
         """int8 linear layers, except those named in ``fp32_layers`` (e.g. the worst of a
         ``QuantizationReport.layer_errors``)."""
         if isinstance(fp32_layers, str):
             fp32_layers = (fp32_layers,)
-        return cls(torch.float32, _budget(token_budget, purpose, "int8", at_least), True, tuple(fp32_layers))
+        return cls(torch.float32, _budget(token_budget, purpose, "int8", at_least), True, tuple(fp32_layers),
+                   bool(smoothing))
 
 
 def _budget(token_budget: int | None, purpose: str, key: torch.dtype | str, at_least: int) -> int:

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 MEAN_COSINE_MIN = 0.99
 WORST_COSINE_MIN = 0.97
+# SmoothQuant strengths each layer chooses from (None: none), by its int8 error on the calibration rows.
+SMOOTHING_CHOICES = (None, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 # Short and long, plain and technical, with numbers, names, code and a little non-English text: the shapes of
 # input that move activation ranges.
@@ -84,6 +86,7 @@ class QuantizationReport:
     worst_cosine: float
     layer_errors: dict[str, float] = field(default_factory=dict)  # relative output error of each int8 linear
     fp32_layers: tuple[str, ...] = ()
+    smoothing: dict[str, float | None] = field(default_factory=dict)  # each layer's SmoothQuant alpha
     mean_cosine_min: float = MEAN_COSINE_MIN
     worst_cosine_min: float = WORST_COSINE_MIN
 
@@ -107,8 +110,9 @@ class QuantizationReport:
 
 
 def measure_int8(engine, ids: list[list[int]], quantize) -> QuantizationReport:
-    """Runs ``ids`` through ``engine`` as it is (fp32), calls ``quantize()`` (which makes its linears int8), runs
-    them again, and compares. ``engine``: an ``encoderkit.engine.Engine``."""
+    """Calls ``quantize()`` (which makes ``engine``'s linears int8), runs ``ids`` through them observing (exact
+    fp32 products, and the range of each input channel), smooths them (``engine.precision.smoothing``), runs
+    again in int8, and compares. ``engine``: an ``encoderkit.engine.Engine``."""
     from .modeling.inference import int8_layers
     from .modeling.packing import pool_packed
 
@@ -118,10 +122,19 @@ def measure_int8(engine, ids: list[list[int]], quantize) -> QuantizationReport:
             out[torch.from_numpy(indices)] = pool_packed(hidden, packing, "mean")
         return out
 
-    reference = pooled()
     quantize()
     layers = int8_layers(engine.encoder)
     for layer in layers:
+        layer.observing = True
+    try:
+        reference = pooled()
+    finally:
+        for layer in layers:
+            layer.observing = False
+    alphas = {}
+    for layer in layers:
+        if engine.precision.smoothing:
+            alphas[layer.name] = layer.smooth(SMOOTHING_CHOICES)
         layer.errors = []
     try:
         cosine = torch.nn.functional.cosine_similarity(pooled(), reference, dim=1)
@@ -130,7 +143,7 @@ def measure_int8(engine, ids: list[list[int]], quantize) -> QuantizationReport:
         for layer in layers:
             layer.errors = None
     report = QuantizationReport(len(ids), float(cosine.mean()), float(cosine.min()), errors,
-                                engine.precision.fp32_layers)
+                                engine.precision.fp32_layers, alphas)
     if report.ok:
         log.info("%s", report.summary())
     else:
