@@ -8,11 +8,11 @@ encodes ``CALIBRATION_TEXTS`` twice, in fp32 and in int8, and compares the mean-
 text by cosine similarity; it also records each int8 layer's relative output error, so that the report can
 name the layers worth keeping in fp32.
 
-The thresholds (``MEAN_COSINE_MIN``, ``WORST_COSINE_MIN``) come from measurement (bench/int8.py): on
-all-MiniLM-L6-v2, int8 is at mean cosine 0.9995, worst 0.997 on these texts, and loses 0.01 STS-B dev Spearman
-points; CTranslate2's int8, a widely used reference, is at mean 0.997, worst 0.988 on the benchmark sentences.
-A model under a mean of 0.99 or a worst text under 0.97 has lost several times what a healthy quantisation
-loses.
+The thresholds (``MEAN_COSINE_MIN``, ``WORST_COSINE_MIN``) come from measurement: all-MiniLM-L6-v2 in int8,
+which loses 0.08 STS-B dev Spearman points (0.13 without smoothing), is at mean cosine 0.9976, worst 0.973 on
+these texts (0.993 / 0.967 without smoothing), and at mean 0.987, worst 0.961 on 500 benchmark sentences;
+CTranslate2's int8 is at mean 0.997, worst 0.988 there. A model under a mean of 0.98 or with a text under 0.94
+has lost several times what a healthy quantisation loses (the outlier model of tests/test_int8.py: far below).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-MEAN_COSINE_MIN = 0.99
-WORST_COSINE_MIN = 0.97
+MEAN_COSINE_MIN = 0.98
+WORST_COSINE_MIN = 0.94
 # SmoothQuant strengths each layer chooses from (None: none), by its int8 error on the calibration rows.
 SMOOTHING_CHOICES = (None, 0.5, 0.6, 0.7, 0.8, 0.9)
 
