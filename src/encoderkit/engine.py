@@ -25,11 +25,25 @@ from .progress import Progress
 class Engine:
     """Runs an encoder on many sequences in packed, length-sorted batches."""
 
-    def __init__(self, encoder: EncoderModel, precision: Precision, *, max_batch_size: int = 512) -> None:
+    def __init__(self, encoder: EncoderModel, precision: Precision, *, max_batch_size: int = 512,
+                 calibration: Sequence[Sequence[int]] | None = None) -> None:
+        """``calibration``: token ids the int8 accuracy guard compares int8 with fp32 on (``precision.int8``
+        only; ``self.quantization`` then holds its ``QuantizationReport``)."""
         self.encoder = encoder
         self.precision = precision
         self.max_batch_size = max_batch_size
+        self.quantization = None
         for_inference(encoder, precision.dtype)
+        if precision.int8:
+            def quantize() -> None:
+                for_inference(encoder, precision.dtype, int8=True, fp32_layers=precision.fp32_layers)
+
+            if calibration:
+                from .quantization import measure_int8
+
+                self.quantization = measure_int8(self, [list(x) for x in calibration], quantize)
+            else:
+                quantize()
 
     def run(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
             max_batch_size: int | None = None, progress: str | None = None
@@ -61,10 +75,17 @@ def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 
 def engine_for(model: nn.Module, dtype: str | torch.dtype | Precision = "fp32", purpose: str = "task",
-               token_budget: int | None = None, at_least: int = 0) -> Engine:
-    """An engine on ``model``'s encoder (a bare encoder or a task model's), precision resolved once here."""
+               token_budget: int | None = None, at_least: int = 0, tokenizer=None) -> Engine:
+    """An engine on ``model``'s encoder (a bare encoder or a task model's), precision resolved once here.
+    ``tokenizer``: for int8, the accuracy guard's calibration texts are tokenised with it (none: no guard)."""
     precision = Precision.resolve(dtype, purpose, token_budget, at_least)
-    return Engine(getattr(model, "encoder", model), precision)
+    calibration = None
+    if precision.int8 and tokenizer is not None:
+        from .quantization import CALIBRATION_TEXTS
+
+        limit = min(128, getattr(model, "config", model).max_sequence_length)
+        calibration = tokenizer.encode_ids(list(CALIBRATION_TEXTS), max_length=limit)[0]
+    return Engine(getattr(model, "encoder", model), precision, calibration=calibration)
 
 
 __all__ = ["Engine", "engine_for"]

@@ -1,4 +1,5 @@
-"""Numeric precision: which dtype to compute in, and whether this machine has native bf16 matrix units."""
+"""Numeric precision: which dtype to compute in (or int8 linear layers, for inference only), and which matrix
+instructions this machine has (native bf16, 8-bit dot products)."""
 from __future__ import annotations
 
 import functools
@@ -14,21 +15,31 @@ log = logging.getLogger(__name__)
 
 _NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 DTYPE_CHOICES = ("fp32", "bf16", "auto")
+INFERENCE_DTYPE_CHOICES = ("fp32", "bf16", "int8", "auto")  # int8: opt-in, never chosen by auto (not exact)
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16)."""
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of /proc/cpuinfo (empty where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
-    flags = set()
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16)."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_has_vnni() -> bool:
+    """True when the CPU has 8-bit dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8), whose sums of
+    u8 x s8 products cannot overflow (AVX2's vpmaddubsw saturates at 16 bits)."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -38,39 +49,74 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
             raise InputError(f"encoderkit computes in float32 or bfloat16, not {dtype}")
         return dtype
     name = str(dtype).lower()
+    if name == "int8":
+        raise InputError("int8 is for inference only (embedding, search, the task pipelines, the server): "
+                         "training computes in fp32 or bf16; choose --dtype fp32, bf16 or auto")
     if name == "auto":
         chosen = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
         log.info("dtype auto -> %s", "bf16 (native bf16 matrix units)" if chosen == torch.bfloat16 else "fp32")
         return chosen
     if name not in _NAMES:
-        raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+        raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)} "
+                         "(or int8, for inference only)")
     return _NAMES[name]
 
 
 # Padded tokens per inference batch, by what the batch is for and the compute dtype: the best measured on the
 # embedding bench (BENCHMARKS.md); task pipelines and scanners run heads on every token and take twice as many.
+# int8 keys its budgets by name (its non-linear parts compute in fp32).
 TOKEN_BUDGETS = {
-    "embed": {torch.float32: 2048, torch.bfloat16: 4096},
-    "task": {torch.float32: 4096, torch.bfloat16: 8192},
+    "embed": {torch.float32: 2048, torch.bfloat16: 4096, "int8": 2048},
+    "task": {torch.float32: 4096, torch.bfloat16: 8192, "int8": 4096},
 }
 
 
 @dataclass(frozen=True)
 class Precision:
-    """The compute dtype of an inference job and its batch size in tokens, resolved once from the user's choice."""
+    """The compute dtype of an inference job and its batch size in tokens, resolved once from the user's choice.
+
+    ``int8``: the encoder's linear layers run in int8 (``modeling.inference.Int8Prepacked``), everything else in
+    ``dtype`` (fp32); ``fp32_layers`` names linears kept in fp32 (``"layers.5.ffn_out"``); ``smoothing``:
+    SmoothQuant, each layer's strength calibrated on the accuracy guard's texts. See
+    ``encoderkit.quantization``."""
 
     dtype: torch.dtype
     token_budget: int
+    int8: bool = False
+    fp32_layers: tuple[str, ...] = ()
+    smoothing: bool = True
+
+    @property
+    def name(self) -> str:
+        return "int8" if self.int8 else {torch.float32: "fp32", torch.bfloat16: "bf16"}[self.dtype]
 
     @classmethod
     def resolve(cls, dtype: str | torch.dtype = "fp32", purpose: str = "task", token_budget: int | None = None,
                 at_least: int = 0) -> "Precision":
-        """``dtype``: "fp32" / "bf16" / "auto" / a torch dtype; ``purpose``: a key of ``TOKEN_BUDGETS``;
-        ``at_least``: the longest sequence a batch must hold (a budget below it is raised to it)."""
+        """``dtype``: "fp32" / "bf16" / "int8" / "auto" / a torch dtype / a Precision (kept as it is);
+        ``purpose``: a key of ``TOKEN_BUDGETS``; ``at_least``: the longest sequence a batch must hold (a budget
+        below it is raised to it)."""
         if isinstance(dtype, Precision):
             return dtype
+        if isinstance(dtype, str) and dtype.lower() == "int8":
+            return cls.quantized(purpose, token_budget=token_budget, at_least=at_least)
         resolved = resolve_dtype(dtype)
-        budget = token_budget if token_budget is not None else TOKEN_BUDGETS[purpose][resolved]
-        if budget <= 0:
-            raise InputError(f"token_budget must be positive, found {budget}")
-        return cls(resolved, max(budget, at_least))
+        return cls(resolved, _budget(token_budget, purpose, resolved, at_least))
+
+    @classmethod
+    def quantized(cls, purpose: str = "task", *, fp32_layers: tuple[str, ...] | list[str] = (),
+                  smoothing: bool = True, token_budget: int | None = None,
+                  at_least: int = 0) -> "Precision":
+        """int8 linear layers, except those named in ``fp32_layers`` (e.g. the worst of a
+        ``QuantizationReport.layer_errors``)."""
+        if isinstance(fp32_layers, str):
+            fp32_layers = (fp32_layers,)
+        return cls(torch.float32, _budget(token_budget, purpose, "int8", at_least), True, tuple(fp32_layers),
+                   bool(smoothing))
+
+
+def _budget(token_budget: int | None, purpose: str, key: torch.dtype | str, at_least: int) -> int:
+    budget = token_budget if token_budget is not None else TOKEN_BUDGETS[purpose][key]
+    if budget <= 0:
+        raise InputError(f"token_budget must be positive, found {budget}")
+    return max(budget, at_least)

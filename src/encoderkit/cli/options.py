@@ -9,13 +9,17 @@ import click
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 MODEL_HELP = "model directory (HF format or sentence-transformers); default: all-MiniLM-L6-v2"
-DTYPE_HELP = "fp32 (exact), bf16 (faster, slightly less exact), auto (bf16 where the CPU runs it natively)"
-DTYPES = ("fp32", "bf16", "auto")
+DTYPE_HELP = ("fp32 (exact), bf16 (faster, slightly less exact), int8 (int8 linear layers: fastest, least exact; "
+              "warns when a model loses too much), auto (bf16 where the CPU runs it natively; never int8)")
+TRAIN_DTYPE_HELP = "fp32 (exact), bf16 (faster, slightly less exact), auto (bf16 where the CPU runs it natively)"
+DTYPES = ("fp32", "bf16", "int8", "auto")  # inference; training commands pass TRAIN_DTYPES
+TRAIN_DTYPES = ("fp32", "bf16", "auto")
 
 
 def dtype_option(default: str = "fp32", *, help: str | None = DTYPE_HELP,
                  choices: tuple[str, ...] = DTYPES) -> Decorator:
-    """--dtype: fp32 for most commands; pre-training and the backdoor scan default to auto."""
+    """--dtype: fp32 for most commands; pre-training and the backdoor scan default to auto. Commands that train
+    pass ``choices=TRAIN_DTYPES`` (int8 is for inference only)."""
     return click.option("--dtype", type=click.Choice(list(choices)), default=default, show_default=True, help=help)
 
 

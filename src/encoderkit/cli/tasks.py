@@ -8,6 +8,7 @@ import click
 from .options import (
     aggregation_option,
     column_options,
+    TRAIN_DTYPES,
     dtype_option,
     json_option,
     max_length_option,
@@ -58,7 +59,8 @@ def _named(values: tuple[str, ...], what: str) -> dict[str, str]:
 @click.option("--early-stopping", type=int, default=None, help="stop after N evaluations without improvement")
 @click.option("--length-grouping/--no-length-grouping", default=None,
               help="batches of similar length, or plain random ones [default: length-grouped, random for qa]")
-@dtype_option(help="bf16 = bf16 autocast (faster where the CPU has bf16 units; BENCHMARKS.md compares)")
+@dtype_option(help="bf16 = bf16 autocast (faster where the CPU has bf16 units; BENCHMARKS.md compares)",
+              choices=TRAIN_DTYPES)
 @seed_option(42)
 @restart_option("ignore the checkpoints of an interrupted run in --out")
 def finetune(task, train_files, valid_files, model, out_dir, epochs, batch_size, lr, warmup_ratio, weight_decay,

@@ -8,6 +8,7 @@ import click
 
 from .options import (
     documents_option,
+    TRAIN_DTYPES,
     dtype_option,
     max_length_option,
     out_option,
@@ -61,7 +62,7 @@ def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_s
 @click.option("--static-masking", is_flag=True, help="BERT's fixed masks instead of new masks each epoch")
 @documents_option()
 @dtype_option("auto", help="bf16 = bf16 autocast; auto = bf16 where the CPU has native bf16 units (its loss curve "
-                           "matches fp32's: BENCHMARKS.md), else fp32")
+                           "matches fp32's: BENCHMARKS.md), else fp32", choices=TRAIN_DTYPES)
 @click.option("--save-every", type=int, default=500, show_default=True)
 @click.option("--eval-every", type=int, default=500, show_default=True)
 @seed_option(0)

@@ -56,6 +56,8 @@ class ServedModel:
 
     def dtype(self) -> str:
         for pipeline in self.pipelines.values():
+            if getattr(pipeline, "engine", None) is not None and pipeline.engine.precision.int8:
+                return "int8"
             if hasattr(pipeline, "dtype"):
                 return str(pipeline.dtype).replace("torch.", "")
         return "float32"

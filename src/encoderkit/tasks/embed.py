@@ -46,8 +46,9 @@ class Embedder:
     """Text -> vector. ``Embedder.from_pretrained()`` uses the default model and its own pooling.
 
     ``dtype``: "fp32" (exact: equal to the plain path and to sentence-transformers within 1e-5),
-    "bf16" (bf16 matrix products, fp32 LayerNorm/softmax/pooling), or "auto" (bf16 where the CPU
-    has native bf16 matrix instructions, else fp32). ``long_text``: "truncate" (with a warning) or
+    "bf16" (bf16 matrix products, fp32 LayerNorm/softmax/pooling), "auto" (bf16 where the CPU
+    has native bf16 matrix instructions, else fp32), or "int8" (int8 linear layers, opt-in, not exact:
+    ``quantization`` then holds the accuracy guard's measure, ``encoderkit.quantization``). ``long_text``: "truncate" (with a warning) or
     "window" (overlapping windows of ``max_length`` tokens, their embeddings averaged by length).
     ``truncate_dim``: keep the first N dimensions of each vector (a model trained with a Matryoshka loss
     keeps most of its quality in them); see ``encode`` for how it combines with normalisation.
@@ -70,8 +71,9 @@ class Embedder:
             raise InputError(f"max_length must leave room for text between the special tokens, found {max_length}")
         if token_budget is not None and token_budget < self.max_length:
             raise InputError(f"token_budget ({token_budget}) must be at least max_length ({self.max_length})")
-        self.engine = engine_for(model, dtype, "embed", token_budget)
+        self.engine = engine_for(model, dtype, "embed", token_budget, tokenizer=tokenizer)
         self.dtype = self.engine.precision.dtype
+        self.quantization = self.engine.quantization  # int8: the accuracy guard's QuantizationReport
         self.token_budget = self.engine.precision.token_budget
         self.long_text = long_text
         self.window_stride = window_stride if window_stride is not None else self.max_length // 4

@@ -38,8 +38,9 @@ class TaskPipeline:
         self.settings = task_settings(model.config)
         wanted = max_length or self.settings.get("max_length") or tokenizer.model_max_length
         self.max_length = min(int(wanted), model.config.max_sequence_length)
-        self.engine = engine_for(model, dtype, "task", token_budget, at_least=self.max_length)
+        self.engine = engine_for(model, dtype, "task", token_budget, at_least=self.max_length, tokenizer=tokenizer)
         self.dtype = self.engine.precision.dtype
+        self.quantization = self.engine.quantization  # int8: the accuracy guard's QuantizationReport
         self.token_budget = self.engine.precision.token_budget
         self.show_progress = show_progress
 

@@ -1,0 +1,197 @@
+"""int8 inference (``--dtype int8``): int8 linear layers on the one model, prepared in place by for_inference,
+checked against the same model in fp32; the accuracy guard that compares them on calibration texts."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from encoderkit import Embedder, InputError
+from encoderkit.engine import Engine, engine_for
+from encoderkit.modeling.inference import Int8Prepacked, for_inference, int8_layers
+from encoderkit.precision import Precision, cpu_has_vnni, resolve_dtype
+from encoderkit.quantization import MEAN_COSINE_MIN, WORST_COSINE_MIN
+
+from conftest import shared_file
+from test_cli import invoke
+from test_engine import FAMILY_CONFIGS, padded, random_model, random_sequences
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
+
+# fp32 STS-B dev Spearman of all-MiniLM-L6-v2 (equal to sentence-transformers' evaluator: test_sts.py)
+FP32_STS_SPEARMAN = 0.867163
+
+
+def pooled(model, ids, types, dtype) -> torch.Tensor:
+    engine = engine_for(model, dtype, token_budget=256)
+    out = torch.zeros(len(ids), model.config.hidden_size)
+    for indices, hidden, packing in engine.run(ids, types):
+        for row, states in zip(indices, hidden.split(packing.lengths.tolist())):
+            out[row] = states.mean(0)
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_int8_matches_fp32_closely_for_every_family(family) -> None:
+    model = random_model(family)
+    ids, types = random_sequences(model.config, [9, 23, 4, 17, 17])
+    exact = pooled(model, ids, types, "fp32")
+    int8 = pooled(model, ids, types, "int8")
+    layers = int8_layers(model)
+    assert len(layers) >= 4 * len(model.layers)  # qkv, attention output, ffn_in, ffn_out  # DeBERTa's position projections are int8 too
+    cosine = F.cosine_similarity(int8, exact, dim=1)
+    assert cosine.min() > 0.995, cosine
+    assert (int8 - exact).abs().max() > 1e-6  # it did run in int8
+
+
+def test_int8_products_equal_a_fake_quantised_reference() -> None:
+    """Weights per output channel (symmetric int8), activations per matrix (asymmetric uint8): the kernel's
+    product equals the same arithmetic written out in fp32."""
+    torch.manual_seed(0)
+    x = torch.randn(50, 64) * 3 + 1
+    x[:, 7] *= 8
+    weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
+    w_scale = weight.abs().amax(1, keepdim=True) / 127
+    w_q = torch.round(weight / w_scale).clamp(-127, 127) * w_scale
+    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    levels = 255
+    scale = (high - low) / levels
+    zero = round(-low / scale)
+    x_q = (torch.clamp(torch.round(x / scale) + zero, 0, levels) - zero) * scale
+    expected = F.linear(x_q, w_q, bias)
+    got = Int8Prepacked([weight], [bias], "test")(x)
+    # Without VNNI oneDNN halves the weights (7 bits) so that AVX2's 16-bit sums cannot overflow.
+    tolerance = 1e-3 if cpu_has_vnni() else 2e-2
+    assert (got - expected).abs().max() < tolerance * expected.abs().max()
+    assert (got - F.linear(x, weight, bias)).abs().max() > 1e-3  # not the fp32 product
+
+
+def test_int8_prepared_model_still_trains_exactly_and_saves_the_same_state() -> None:
+    """Prepared for int8, the model saves the same state; a product that wants a gradient runs in fp32."""
+    model, fresh = random_model("bert"), random_model("bert")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids, types = random_sequences(model.config, [11, 6])
+    pooled(model, ids, types, "int8")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
+    real = mask.bool()
+    with torch.no_grad():
+        reference = fresh(input_ids, mask, type_ids).last_hidden_state[real]
+        inferred = model(input_ids, mask, type_ids).last_hidden_state[real]  # int8 products
+    states = model(input_ids, mask, type_ids).last_hidden_state[real]  # with gradients: fp32 products
+    assert (states - reference).abs().max() < 1e-5 < (inferred - reference).abs().max()
+    states.pow(2).mean().backward()
+    assert model.layers[0].attention.query.weight.grad is not None
+
+
+def test_fp32_layers_stay_exact_and_unknown_names_are_an_error() -> None:
+    model = random_model("bert")
+    names = [f"layers.{i}.{part}" for i in range(len(model.layers))
+             for part in ("attention.qkv", "attention.output", "ffn_in", "ffn_out")]
+    ids, types = random_sequences(model.config, [9, 5])
+    exact = pooled(model, ids, types, "fp32")
+    all_fp32 = pooled(model, ids, types, Precision.quantized(fp32_layers=names))
+    assert (all_fp32 - exact).abs().max() < 1e-5 and not int8_layers(model)
+    pooled(model, ids, types, Precision.quantized(fp32_layers=["layers.0.ffn_out"]))
+    assert "layers.0.ffn_out" not in {layer.name for layer in int8_layers(model)}
+    assert "layers.0.ffn_in" in {layer.name for layer in int8_layers(model)}
+    with pytest.raises(InputError, match="fp32_layers names no linear layer.*layers.9.ffn_out"):
+        for_inference(model, int8=True, fp32_layers=("layers.9.ffn_out",))
+
+
+def test_int8_is_for_inference_only_and_unknown_dtypes_are_named() -> None:
+    with pytest.raises(InputError, match="int8 is for inference only.*fp32, bf16 or auto"):
+        resolve_dtype("int8")
+    with pytest.raises(InputError, match="unknown dtype 'int4'.*fp32, bf16, auto.*int8, for inference"):
+        Precision.resolve("int4")
+    with pytest.raises(InputError, match="int8 linear layers run with the rest of the model in fp32"):
+        for_inference(random_model("bert"), torch.bfloat16, int8=True)
+    assert Precision.resolve("int8").name == "int8" and Precision.resolve("auto").name in ("fp32", "bf16")
+
+
+def test_cli_refuses_int8_for_training_and_unknown_dtypes(tmp_path) -> None:
+    result = invoke("finetune", "--task", "classify", "--train", tmp_path / "t.tsv", "--out", tmp_path / "o",
+                    "--dtype", "int8")
+    assert result.exit_code == 2 and "'int8' is not one of 'fp32', 'bf16', 'auto'" in result.output
+    result = invoke("eval-sts", tmp_path / "x.csv", "--dtype", "fp16")
+    assert result.exit_code == 2 and "'fp16' is not one of 'fp32', 'bf16', 'int8', 'auto'" in result.output
+
+
+def broken_model(factor: float = 1000.0):
+    """A random BERT computing the same function in fp32, but whose second layer's attention output projection reads
+    one channel ``factor`` times larger than the rest (its value row scaled up, the output column scaled down):
+    per-matrix int8 activations then keep almost no resolution for the other channels."""
+    model = random_model("bert")
+    attention = model.layers[1].attention
+    with torch.no_grad():
+        attention.value.weight[5] *= factor
+        attention.value.bias[5] *= factor
+        attention.output.weight[:, 5] /= factor
+    return model
+
+
+def test_guard_fires_on_huge_activation_outliers_and_names_the_layers(caplog) -> None:
+    model = broken_model()
+    ids, _ = random_sequences(model.config, [12, 30, 7, 19] * 4)
+    with caplog.at_level(logging.WARNING):
+        engine = Engine(model, Precision.quantized(smoothing=False), calibration=ids)
+    report = engine.quantization
+    assert not report.ok and report.texts == 16
+    assert report.mean_cosine < MEAN_COSINE_MIN or report.worst_cosine < WORST_COSINE_MIN
+    assert report.worst_layers(1) == ["layers.1.attention.output"]  # the layer reading the outlier
+    assert "int8 changes this model's outputs more than expected" in caplog.text
+    assert "--dtype fp32" in caplog.text and "fp32_layers" in caplog.text
+    # Its own advice, followed, brings it back within the thresholds.
+    healthy = Engine(broken_model(), Precision.quantized(fp32_layers=report.worst_layers(1), smoothing=False),
+                     calibration=ids)
+    assert healthy.quantization.ok, healthy.quantization
+    # SmoothQuant moves this outlier into the weights: with it (the default) the guard is satisfied too.
+    smoothed = Engine(broken_model(), Precision.quantized(), calibration=ids).quantization
+    assert smoothed.ok and smoothed.smoothing["layers.1.attention.output"] is not None, smoothed
+    exact = pooled(broken_model(), ids, None, "fp32")  # the fp32 function is the unbroken model's
+    assert (exact - pooled(random_model("bert"), ids, None, "fp32")).abs().max() < 1e-4
+
+
+@pytest.fixture(scope="module")
+def minilm_int8(minilm_dir):
+    return Embedder.from_pretrained(minilm_dir, dtype="int8")
+
+
+def test_guard_passes_minilm_and_reports_its_numbers(minilm_int8) -> None:
+    report = minilm_int8.quantization
+    assert report.ok and report.texts == 40
+    assert report.mean_cosine > 0.99 and report.worst_cosine > 0.97
+    assert len(report.layer_errors) == 24 and all(0 < e < 0.2 for e in report.layer_errors.values())
+
+
+@pytest.mark.data
+def test_int8_minilm_embeddings_are_close_to_fp32(minilm_dir, minilm_int8, bench_sentences) -> None:
+    texts = bench_sentences[:400]
+    exact = Embedder.from_pretrained(minilm_dir).encode(texts, normalize=True)
+    int8 = minilm_int8.encode(texts, normalize=True)
+    cosine = (exact * int8).sum(1)
+    assert cosine.mean() > MEAN_COSINE_MIN and cosine.min() > WORST_COSINE_MIN, (cosine.mean(), cosine.min())
+
+
+@pytest.mark.data
+def test_cli_eval_sts_int8_within_three_tenths_of_fp32(capsys) -> None:
+    path = shared_file("data", "stsb", "sts-dev.csv")
+    from encoderkit.cli import main
+
+    assert main(["eval-sts", str(path), "--dtype", "int8"]) == 0
+    printed = dict(line.split(": ") for line in capsys.readouterr().out.strip().splitlines())
+    assert abs(float(printed["spearman"]) - FP32_STS_SPEARMAN) * 100 <= 0.3, printed
+
+
+def test_task_pipelines_run_int8(tiny_classifier_dir) -> None:
+    from encoderkit import Classifier
+
+    texts = ["a first sentence", "and a second, longer one with more words", "third"]
+    exact = Classifier.from_pretrained(tiny_classifier_dir).logits(texts)
+    int8 = Classifier.from_pretrained(tiny_classifier_dir, dtype="int8")
+    assert int8.quantization is not None and int8.quantization.texts == 40
+    got = int8.logits(texts)
+    assert np.abs(got - exact).max() < 0.02 * np.abs(exact).max() and np.abs(got - exact).max() > 0
