@@ -21,16 +21,19 @@ from helpers import TOKENIZER_FILES
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install 'encoderkit[onnx]'")
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent / "parity"))  # the parity tests' model configs, as they import them
-from test_families import CONFIGS, STEMS, TASKS, perturb  # noqa: E402
-from test_modern_families import VARIANTS  # noqa: E402
+from test_families import CONFIGS, TASKS, perturb  # noqa: E402
+from test_families import build_reference as classic_reference  # noqa: E402
+from test_modern_families import build_reference as modern_reference  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOL = 1e-4
-FAMILY_CONFIGS = {**CONFIGS, "modernbert": VARIANTS["modernbert-every3-window4"], "deberta-v2": VARIANTS["deberta-v2-style"],
-                  "deberta-v3": VARIANTS["deberta-v3"]}
-FAMILY_STEMS = {**STEMS, "modernbert": "ModernBert", "deberta-v2": "DebertaV2", "deberta-v3": "DebertaV2"}
-CASES = [(family, task) for family in FAMILY_CONFIGS for task in TASKS
+# family -> a random transformers model of it with a task's head (the parity tests' configs and variants)
+REFERENCES = {family: lambda task, family=family: classic_reference(family, task) for family in CONFIGS}
+REFERENCES |= {family: lambda task, variant=variant: modern_reference(variant, task) for family, variant in
+               (("modernbert", "modernbert-every3-window4"), ("deberta-v2", "deberta-v2-style"),
+                ("deberta-v3", "deberta-v3"))}
+CASES = [(family, task) for family in REFERENCES for task in TASKS
          if family != "deberta-v3" or task in ("base", "masked-lm")]  # v3: the attention switches v2-style lacks
 CASES += [("bert", "pretraining"), ("albert", "pretraining"), ("electra", "replaced-token-detection")]
 # transformers' names for the outputs encoderkit's graphs return
@@ -70,13 +73,7 @@ def compare(name: str, want: np.ndarray, got: np.ndarray, mask: np.ndarray, labe
 
 @pytest.mark.parametrize(("family", "task"), CASES, ids=[f"{f}-{t}" for f, t in CASES])
 def test_onnx_runtime_matches_transformers_and_encoderkit(family: str, task: str, tmp_path) -> None:
-    torch.manual_seed(0)
-    config = FAMILY_CONFIGS[family]()
-    if task in ("sequence-classification", "token-classification"):
-        config.num_labels = 3
-    suffix = "ForPreTraining" if task in ("pretraining", "replaced-token-detection") else TASKS[task]
-    reference = getattr(transformers, FAMILY_STEMS[family] + suffix)._from_config(config, attn_implementation="eager")
-    perturb(reference.eval())
+    config, reference = REFERENCES[family](task)
     reference.save_pretrained(tmp_path / "hf")
 
     result = export_onnx(tmp_path / "hf", tmp_path / "onnx", progress=False)
@@ -281,14 +278,16 @@ def test_cli_export_json_and_overwrite(tiny_ner_dir, tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--format", "tflite"], "unknown export format 'tflite'; choose one of: onnx"),
-    (["--task", "question-answering", "--format", "onnx", "MODEL_IS_OUT"], "holds the model being exported"),
+    (["--task", "no-such-head"], "unknown task 'no-such-head'"),
+    (["--out-is-model"], "holds the model being exported; name another directory"),
 ])
 def test_cli_bad_options(tiny_ner_dir, tmp_path, capsys, args, message) -> None:
-    out = str(tiny_ner_dir) if "MODEL_IS_OUT" in args else str(tmp_path / "out")
-    args = [a for a in args if a != "MODEL_IS_OUT"]
-    assert main(["export", str(tiny_ner_dir), "--out", out, "--overwrite", *args]) == 2
+    out = str(tiny_ner_dir) if args == ["--out-is-model"] else str(tmp_path / "out")
+    options = [] if args == ["--out-is-model"] else args
+    assert main(["export", str(tiny_ner_dir), "--out", out, "--overwrite", *options]) == 2
     err = capsys.readouterr().err
     assert err.startswith("encoderkit: error:") and message in err and len(err.strip().splitlines()) == 1
+    assert (tiny_ner_dir / "model.safetensors").is_file() and not (tmp_path / "out").exists()
 
 
 def test_not_a_model_directory(tmp_path, capsys) -> None:
