@@ -167,9 +167,9 @@ class ConvBeside(nn.Module):
 class EncoderModel(nn.Module):
     """The base encoder of every family: what ``BertModel``/``ModernBertModel``/... are in transformers.
 
-    ``traceable`` (a switch, off by default; ``export.export_onnx`` turns it on while tracing): ``forward`` runs every batch as one
-    padded grid with an additive padding mask, and sliding-window layers mask the full grid, so that no shape or
-    branch depends on the values of the input; a trace then holds for every batch size and length."""
+    ``traceable`` (a switch, off by default; ``export.export_onnx`` turns it on while tracing): ``forward`` runs
+    every batch as one padded grid with an additive padding mask, and sliding-window layers mask the full grid, so
+    that no shape or branch depends on the values of the input; a trace then holds for every batch size and length."""
 
     traceable: bool = False
 
