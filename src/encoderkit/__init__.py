@@ -2,6 +2,7 @@
 from .modeling.models import load_model, save_model
 from .config import FAMILIES, PRESETS, EncoderConfig, load_config, preset
 from .errors import CheckpointError, ConfigError, DataError, EncoderkitError, InputError, TokenizerError
+from .export import ExportResult, export_model, export_onnx
 from .hub import default_model_path, resolve_model
 from .modeling import (
     Encoder,
@@ -29,7 +30,7 @@ __all__ = [
     "FinetuneResult", "QuestionAnswerer", "Recipe", "evaluate_model", "finetune", "load_pipeline", "ConfigError", "DataError", "Embedder", "Encoded", "Encoder",
     "EncoderConfig", "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForQuestionAnswering",
     "EncoderForReplacedTokenDetection", "EncoderForSequenceClassification", "EncoderForTokenClassification",
-    "EncoderkitError", "FAMILIES", "InputError", "PRESETS", "Tokenizer", "TokenizerError", "build_model",
-    "default_model_path", "load_config", "load_model", "preset", "resolve_model", "save_model",
+    "EncoderkitError", "ExportResult", "FAMILIES", "InputError", "PRESETS", "Tokenizer", "TokenizerError", "build_model",
+    "default_model_path", "export_model", "export_onnx", "load_config", "load_model", "preset", "resolve_model", "save_model",
     "train_tokenizer", "__version__",
 ]

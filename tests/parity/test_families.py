@@ -128,14 +128,20 @@ def assert_close(expected: dict, actual: dict, mask: torch.Tensor, label: str) -
         assert diff <= TOL, f"{label}: {name} differs by {diff:.3g}"
 
 
-@pytest.mark.parametrize(("family", "task"), CASES, ids=[f"{f}-{t}" for f, t in CASES])
-def test_load_matches_transformers_and_round_trips(family: str, task: str, tmp_path) -> None:
+def build_reference(family: str, task: str):
+    """The config and a random transformers model of ``family`` with ``task``'s head, perturbed, in eval mode."""
     torch.manual_seed(0)
     config = CONFIGS[family]()
     if task in ("sequence-classification", "token-classification"):
         config.num_labels = 3
     reference = hf_class(family, task)._from_config(config, attn_implementation="eager").eval()
     perturb(reference)
+    return config, reference
+
+
+@pytest.mark.parametrize(("family", "task"), CASES, ids=[f"{f}-{t}" for f, t in CASES])
+def test_load_matches_transformers_and_round_trips(family: str, task: str, tmp_path) -> None:
+    config, reference = build_reference(family, task)
     reference.save_pretrained(tmp_path / "hf")
 
     ours = load_model(tmp_path / "hf")

@@ -15,6 +15,7 @@ from ..errors import EncoderkitError
 from .attention import attention
 from .demo import demo
 from .embed import embed, eval_retrieval, eval_sts, index, mine_negatives, search
+from .export import export
 from .models import info, models
 from .rerank import rerank, train_reranker_cmd
 from .scan import scan
@@ -75,7 +76,7 @@ def cli(verbose: int) -> None:
 
 for _command in (info, models, demo, embed, eval_sts, eval_retrieval, mine_negatives, index, search, train_tokenizer_cmd, pretrain,
                  finetune, evaluate, predict, classify, ner, qa, fill_mask, attention, scan,
-                 train_embedder_cmd, train_reranker_cmd, rerank, serve):
+                 train_embedder_cmd, train_reranker_cmd, rerank, serve, export):
     cli.add_command(_command)
 del _command
 

@@ -54,17 +54,19 @@ class RotaryTables(nn.Module):
         self.thetas = dict(thetas)
         self._tables: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, kind: str, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(length, head_dim / 2) fp32 cos and sin for positions 0..length-1 (each frequency once)."""
+    def get(self, kind: str, length: int, device: torch.device, cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(length, head_dim / 2) fp32 cos and sin for positions 0..length-1 (each frequency once). ``cache=False``
+        (tracing): computed for exactly ``length`` positions, so that a trace follows the input's length."""
         key = (kind, device)
-        cached = self._tables.get(key)
+        cached = self._tables.get(key) if cache else None
         if cached is None or cached[0].shape[0] < length:
-            size = max(length, 2 * cached[0].shape[0] if cached is not None else 512)
+            size = length if not cache else max(length, 2 * cached[0].shape[0] if cached is not None else 512)
             inv_freq = 1.0 / (self.thetas[kind] ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                                  device=device) / self.head_dim))
             angles = torch.arange(size, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
             cached = (angles.cos(), angles.sin())
-            self._tables[key] = cached
+            if cache:
+                self._tables[key] = cached
         return cached[0][:length], cached[1][:length]
 
 
@@ -100,6 +102,7 @@ class AttentionContext:
     rotary: RotaryTables | None = None
     relative_embeddings: torch.Tensor | None = None  # (2 * span, hidden), normalised: DeBERTa
     score_parts: list[dict[str, torch.Tensor]] | None = None  # filled per layer when asked (return_probs only)
+    dense: bool = False  # sliding windows as a mask over the full grid (a traced graph: no length-dependent branch)
     _relative_index: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def relative_index(self, length: int, config: EncoderConfig) -> torch.Tensor:
@@ -230,7 +233,7 @@ class SelfAttention(nn.Module):
         length = group.length
         dropout_p = self.dropout_p if self.training else 0.0
         if self.rotary_kind is not None:
-            cos, sin = context.rotary.get(self.rotary_kind, length, q.device)
+            cos, sin = context.rotary.get(self.rotary_kind, length, q.device, cache=not context.dense)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         bias, scale = group.bias, (self.scale if self.scaled else None)
         parts: dict[str, torch.Tensor] = {}
@@ -239,10 +242,10 @@ class SelfAttention(nn.Module):
             bias = combine_biases(sum(parts.values()), bias)
         if bias is not None and bias.dtype not in (q.dtype, torch.bool):
             bias = bias.to(q.dtype)
-        windowed = self.window_half is not None and length > self.window_half + 1
-        if windowed and not context.return_probs:
+        windowed = self.window_half is not None and (context.dense or length > self.window_half + 1)
+        if windowed and not (context.return_probs or context.dense):
             return local_attention(q, k, v, group.key_mask, self.window_half, dropout_p, scale), None
-        if windowed:  # attention maps: the window as a mask over the full grid
+        if windowed:  # attention maps, tracing: the window as a mask over the full grid
             outside = ~window_mask(length, self.window_half, q.device)
             bias = combine_biases(bias if bias is not None else q.new_zeros(1, 1, length, length),
                                   q.new_zeros(length, length).masked_fill(outside, torch.finfo(q.dtype).min))

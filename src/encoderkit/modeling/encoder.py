@@ -165,7 +165,13 @@ class ConvBeside(nn.Module):
 
 
 class EncoderModel(nn.Module):
-    """The base encoder of every family: what ``BertModel``/``ModernBertModel``/... are in transformers."""
+    """The base encoder of every family: what ``BertModel``/``ModernBertModel``/... are in transformers.
+
+    ``traceable`` (a switch, off by default; ``export.export_onnx`` turns it on while tracing): ``forward`` runs
+    every batch as one padded grid with an additive padding mask, and sliding-window layers mask the full grid, so
+    that no shape or branch depends on the values of the input; a trace then holds for every batch size and length."""
+
+    traceable: bool = False
 
     def __init__(self, config: EncoderConfig, add_pooler: bool | None = None) -> None:
         super().__init__()
@@ -209,7 +215,8 @@ class EncoderModel(nn.Module):
         states, and each layer's states and attention probabilities when asked for."""
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         context = AttentionContext(packing, output_attentions, self.rotary,
-                                   None if self.relative is None else self.relative(), score_parts)
+                                   None if self.relative is None else self.relative(), score_parts,
+                                   dense=self.traceable)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         embedded = x
@@ -250,11 +257,12 @@ class EncoderModel(nn.Module):
             check_attention_bias(attention_bias, batch, length, self.config.num_attention_heads)
             attention_bias = attention_bias.to(dtype)
         if (attention_mask is not None and attention_bias is None and not output_attentions
-                and _worth_unpadding(attention_mask)):
+                and not self.traceable and _worth_unpadding(attention_mask)):
             # Unpad once here, run every layer on real tokens only, re-pad once at the end.
             packing = Packing.from_mask(attention_mask, dtype)
         else:
-            packing = Packing.padded_grid(attention_mask, batch, length, dtype, attention_bias, input_ids.device)
+            packing = Packing.padded_grid(attention_mask, batch, length, dtype, attention_bias, input_ids.device,
+                                          traceable=self.traceable)
         if position_ids is None and self.embeddings.position is not None:
             position_ids = self.embeddings.position_ids(input_ids)
         rows = [None if t is None else packing.unpad(t) for t in (input_ids, token_type_ids, position_ids)]

@@ -23,13 +23,15 @@ import torch
 from ..errors import InputError
 
 
-def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype,
+                 always: bool = False) -> torch.Tensor | None:
     """An additive key mask of shape (batch, 1, 1, keys): 0 for real tokens, the dtype's minimum for padding.
 
-    Returns None when nothing is padded, so SDPA can take its unmasked kernel. The minimum (not -inf)
-    keeps a fully padded row finite, as transformers does.
+    Returns None when nothing is padded, so SDPA can take its unmasked kernel, unless ``always`` (a traced
+    graph must not depend on the values of the mask). The minimum (not -inf) keeps a fully padded row finite,
+    as transformers does.
     """
-    if attention_mask is None or bool(attention_mask.all()):
+    if attention_mask is None or (not always and bool(attention_mask.all())):
         return None
     keep = attention_mask[:, None, None, :].to(torch.bool)
     bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
@@ -209,13 +211,16 @@ class Packing:
 
     @classmethod
     def padded_grid(cls, attention_mask: torch.Tensor | None, batch: int, length: int, dtype: torch.dtype,
-                    extra_bias: torch.Tensor | None = None, device: torch.device | str | None = None) -> "Packing":
-        """The whole (batch, length) grid as rows, one attention group; padding keys masked."""
+                    extra_bias: torch.Tensor | None = None, device: torch.device | str | None = None,
+                    traceable: bool = False) -> "Packing":
+        """The whole (batch, length) grid as rows, one attention group; padding keys masked. ``traceable``: the
+        mask is applied even where nothing is padded, so that no step depends on the mask's values (tracing for
+        ONNX export records one graph for every input)."""
         if attention_mask is None:
             attention_mask = torch.ones(batch, length, dtype=torch.long, device=device)
         mask = attention_mask.to(torch.bool)
-        key_mask = None if bool(mask.all()) else mask
-        bias = combine_biases(padding_bias(attention_mask, dtype), extra_bias)
+        key_mask = mask if traceable or not bool(mask.all()) else None
+        bias = combine_biases(padding_bias(attention_mask, dtype, always=traceable), extra_bias)
         group = AttentionGroup(batch, length, key_mask, bias)
         lengths = mask.sum(1)
         positions = torch.arange(length, device=mask.device).repeat(batch)
