@@ -27,7 +27,7 @@ Parts (``--parts``; parts not rerun keep their last results):
 - ``sigterm``: encoderkit under 64 clients; SIGTERM after a few seconds; the clients send nothing new from then
   on. Every request sent before the signal must be answered 200, and the process must exit 0.
 - ``disconnect``: encoderkit with 32 steady clients, alone and beside 8 clients that send the same kind of
-  requests and hang up after 0.2-0.6 s (mostly while their work waits in the queue), in ABBA rounds. The steady
+  requests and hang up 0.2-0.6 s after sending (before their answer), in ABBA rounds. The steady
   clients' throughput and p99 with the hang-ups against without, and what /metrics counted (499s, queued sequences
   dropped, sequences run for clients gone).
 
@@ -536,9 +536,9 @@ def metrics_of(port: int) -> dict[str, float]:
 def run_disconnect(model: Path, logs: Path, requests: list[list[str]], warmup: float, duration: float,
                    repeats: int, steady: int = 32, droppers: int = 8, hang_up_after: tuple[float, float] = (0.2, 0.6),
                    pause: float = 0.25) -> dict[str, Any]:
-    """Steady clients alone, and beside clients that send the same kind of requests but hang up (a reset) after
-    ``hang_up_after`` seconds, mostly while their work still waits in the queue (as a client that times out on a
-    busy server), then pause. ABBA rounds. What the hang-ups cost: the steady clients' throughput and p99 with them
+    """Steady clients alone, and beside clients that send the same kind of requests but hang up (a reset)
+    ``hang_up_after`` seconds after sending, before their answer (as a client that times out on a busy server), then
+    pause. ABBA rounds. What the hang-ups cost: the steady clients' throughput and p99 with them
     against without; what /metrics counted: 499s, queued sequences dropped, sequences run for clients gone."""
     server = start("encoderkit", model, logs)
     flavour = FLAVOURS["encoderkit"]
@@ -683,7 +683,9 @@ def render(r: dict[str, Any]) -> list[str]:
                  f"{row['p99_ms']:,.0f}", f"{row['requests']:,}", str(row["errors"])] for row in load["rows"]]
         lines += _table(["server", "clients", "texts/s", "p50 ms", "p99 ms", "requests (all rounds)", "errors"], rows)
         diffs = ", ".join(f"{n} {d:.1e}" for n, d in load["max_abs_diff_vs_encoderkit"].items() if n != "encoderkit")
-        lines += ["", f"The vectors agree with encoderkit's (max abs difference on {load['check_texts']} texts): {diffs}."]
+        idle = ", ".join(f"{n} {100 * share:.1f}%" for n, share in load["idle_cpu_share"].items())
+        lines += ["", f"The vectors agree with encoderkit's (max abs difference on {load['check_texts']} texts): {diffs}. "
+                      f"All three stay up through the rounds; idle, they used this share of one core: {idle}."]
         g = r.get("goal")
         if g:
             lines += ["", f"At {g['clients']} clients encoderkit serves **{g['throughput_ratio']:.2f}x** Infinity's "
@@ -699,7 +701,7 @@ def render(r: dict[str, Any]) -> list[str]:
         lines += [f"### Soak: {soak['seconds'] / 60:g} minutes at {soak['clients']} clients", "",
                   f"{soak['requests']:,} requests ({soak['texts_per_second']:,.0f} texts/s, {soak['errors']} errors). "
                   f"Server RSS sampled every {soak['sample_every_seconds']:g} s: {soak['start_rss_mib']:,.0f} MiB at the "
-                  f"start, {soak['rss_at_60s_mib']:,.0f} MiB after a minute, {soak['end_rss_mib']:,.0f} MiB at the end, "
+                  f"start (the model loaded, nothing served yet), {soak['rss_at_60s_mib']:,.0f} MiB after a minute, {soak['end_rss_mib']:,.0f} MiB at the end, "
                   f"at most {soak['max_rss_mib']:,.0f} MiB; after the first minute it changed by "
                   f"{soak['growth_after_first_minute_mib']:+.1f} MiB (fitted slope {soak['slope_mib_per_minute']:+.2f} "
                   f"MiB/min). Flat ({soak['flat_rule']}): **{'yes' if soak['flat'] else 'no'}**.", "",
@@ -718,10 +720,9 @@ def render(r: dict[str, Any]) -> list[str]:
     if drop:
         lines += ["### Clients that hang up mid-request", "",
                   f"{drop['steady_clients']} steady clients alone, and beside {drop['hang_up_clients']} clients that "
-                  "send requests of the same kind and hang up (a reset) after "
-                  f"{drop['hang_up_after_seconds'][0]:g}-{drop['hang_up_after_seconds'][1]:g} s, mostly while their "
-                  f"work still waits in the queue (as a client that times out), then pause {drop['pause_seconds']:g} s; "
-                  "ABBA rounds.", ""]
+                  "send requests of the same kind and hang up (a reset) "
+                  f"{drop['hang_up_after_seconds'][0]:g}-{drop['hang_up_after_seconds'][1]:g} s after sending, before "
+                  f"their answer (as a client that times out), then pause {drop['pause_seconds']:g} s; ABBA rounds.", ""]
         lines += _table(["steady clients", "texts/s", "p99 ms"], [
             ["alone", f"{drop['throughput_without']:,.0f}", f"{drop['p99_without_ms']:,.0f}"],
             ["beside the hang-ups", f"{drop['throughput_with']:,.0f}", f"{drop['p99_with_ms']:,.0f}"]])
@@ -735,6 +736,12 @@ def render(r: dict[str, Any]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------- main
+
+def checkpoint(folder: Path, result: dict[str, Any]) -> None:
+    """The parts done so far, kept beside the logs (not a result) in case a later part fails."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "partial.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -790,6 +797,7 @@ def main() -> None:
         result["load"] = load
         result["goal"] = goal(load["rows"])
         print(f"  goal at 64 clients: {result['goal']}", flush=True)
+        checkpoint(logs, result)
     if "soak" in parts:
         print(f"soak: {args.soak_seconds:g} s at 8 clients")
         soak = run_soak(model, logs, requests, args.soak_seconds, args.soak_sample)
@@ -799,16 +807,17 @@ def main() -> None:
         result["soak"] = soak
         print(f"  RSS {soak['start_rss_mib']:.0f} -> {soak['end_rss_mib']:.0f} MiB (max {soak['max_rss_mib']:.0f}); "
               f"flat: {soak['flat']}", flush=True)
+        checkpoint(logs, result)
     if "sigterm" in parts:
         print("sigterm: 64 clients, SIGTERM under load")
         result["sigterm"] = run_sigterm(model, logs, requests)
         print(f"  {json.dumps(result['sigterm'])}", flush=True)
+        checkpoint(logs, result)
     if "disconnect" in parts:
         print("disconnect: 32 steady clients, alone and beside 8 that hang up")
         result["disconnect"] = run_disconnect(model, logs, requests, args.warmup, args.duration, 2)
     result["wall_minutes"] = (time.perf_counter() - started) / 60
-    result["command"] = "python bench/serve_load.py" + ("" if parts == ["load", "soak", "sigterm", "disconnect"]
-                                                        else f" --parts {args.parts}")
+    result["command"] = " ".join(["python bench/serve_load.py", *sys.argv[1:]])
     if args.quick:
         print(json.dumps({k: v for k, v in result.items() if k != "load"}, indent=2, default=str)[:6000])
         if "load" in result:
