@@ -52,6 +52,7 @@ from typing import Any, Callable
 import numpy as np
 
 from common import CACHE, RESULTS, ROOT, SHARED, median, require, write_result
+from report import _table
 
 THREADS = 2
 CLIENTS = (1, 8, 64)
@@ -659,18 +660,13 @@ def plot_soak(soak: dict[str, Any], path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------- report
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 def render(r: dict[str, Any]) -> list[str]:
     """The BENCHMARKS.md section (bench/report.py calls it)."""
     lines = ["## Serving under load: encoderkit serve, Infinity, FastAPI + sentence-transformers "
              "(`bench/serve_load.py`)", ""]
     load = r.get("load")
     if load:
-        flags = ", ".join(f"{f} {'yes' if p else 'no'}" for f, p in r["machine"]["cpu_flags"].items())
-        lines += [f"CPU flags: {flags}. Each server is a process of its own on 127.0.0.1 serving all-MiniLM-L6-v2 "
+        lines += [f"Each server is a process of its own on 127.0.0.1 serving all-MiniLM-L6-v2 "
                   f"from the same directory, fp32, {THREADS} torch threads: `encoderkit serve default` (`POST /embed`, "
                   f"truncate), Infinity {r['infinity']['version']} (`infinity_emb v2 --engine torch --device cpu`, "
                   "`POST /embeddings`; its own virtual environment) and `bench/serve_baseline.py` (FastAPI with "
@@ -698,13 +694,20 @@ def render(r: dict[str, Any]) -> list[str]:
         lines += [f"Infinity could not run: {r['infinity']['error']}", ""]
     soak = r.get("soak")
     if soak:
+        samples, end = soak["samples"], soak["end_rss_mib"]
+        settled = next(t for i, (t, _) in enumerate(samples)
+                       if all(abs(m - end) <= 0.02 * end for _, m in samples[i:]))
+        half = min(samples, key=lambda sample: abs(sample[0] - soak["seconds"] / 2))
         lines += [f"### Soak: {soak['seconds'] / 60:g} minutes at {soak['clients']} clients", "",
                   f"{soak['requests']:,} requests ({soak['texts_per_second']:,.0f} texts/s, {soak['errors']} errors). "
                   f"Server RSS sampled every {soak['sample_every_seconds']:g} s: {soak['start_rss_mib']:,.0f} MiB at the "
-                  f"start (the model loaded, nothing served yet), {soak['rss_at_60s_mib']:,.0f} MiB after a minute, {soak['end_rss_mib']:,.0f} MiB at the end, "
-                  f"at most {soak['max_rss_mib']:,.0f} MiB; after the first minute it changed by "
-                  f"{soak['growth_after_first_minute_mib']:+.1f} MiB (fitted slope {soak['slope_mib_per_minute']:+.2f} "
-                  f"MiB/min). Flat ({soak['flat_rule']}): **{'yes' if soak['flat'] else 'no'}**.", "",
+                  f"start (the model loaded, nothing served yet), {soak['rss_at_60s_mib']:,.0f} MiB after a minute, "
+                  f"{end:,.0f} MiB at the end, at most {soak['max_rss_mib']:,.0f} MiB; after the first minute it changed "
+                  f"by {soak['growth_after_first_minute_mib']:+.1f} MiB (fitted slope {soak['slope_mib_per_minute']:+.2f} "
+                  f"MiB/min). Flat ({soak['flat_rule']}): **{'yes' if soak['flat'] else 'no'}**. From "
+                  f"{settled:.0f} s on it stayed within 2% of its final value, and over the second half it changed by "
+                  f"{end - half[1]:+.1f} MiB: it climbs to a plateau rather than growing without end, but that "
+                  f"plateau is {end - soak['start_rss_mib']:,.0f} MiB above the loaded model.", "",
                   f"![RSS during the soak]({soak['plot']})", ""]
     term = r.get("sigterm")
     if term:
@@ -726,12 +729,17 @@ def render(r: dict[str, Any]) -> list[str]:
         lines += _table(["steady clients", "texts/s", "p99 ms"], [
             ["alone", f"{drop['throughput_without']:,.0f}", f"{drop['p99_without_ms']:,.0f}"],
             ["beside the hang-ups", f"{drop['throughput_with']:,.0f}", f"{drop['p99_with_ms']:,.0f}"]])
-        lines += ["", f"Throughput beside the hang-ups: **{drop['throughput_ratio']:.2f}x** that alone. /metrics counted "
-                      f"{drop['hung_up_requests']:,} requests answered 499 (client gone) and "
-                      f"{drop['cancelled_sequences']:,} queued sequences dropped "
-                      f"(`encoderkit_cancelled_items_total`) of the {drop['hung_up_texts']:,} texts the hang-ups "
-                      f"sent; {drop['hung_up_sequences_run']:,} of them ran anyway (already in a running batch when "
-                      f"their client left: from `encoderkit_batch_size_sum` less the steady clients' texts).", ""]
+        lines += ["", f"Throughput beside the hang-ups: **{drop['throughput_ratio']:.2f}x** that alone. Of the "
+                      f"hang-ups' requests, {drop['hung_up_requests']:,} were still unanswered when their client left "
+                      "(counted as 499 in /metrics); the others had their answer already. The server dropped "
+                      f"{drop['cancelled_sequences']:,} queued sequences (`encoderkit_cancelled_items_total`) of the "
+                      f"{drop['hung_up_texts']:,} texts the hang-ups sent, and ran {drop['hung_up_sequences_run']:,} "
+                      "(from `encoderkit_batch_size_sum` less the steady clients' texts): those of requests answered in "
+                      "time, and those already in a running batch when their client left. A batch that runs is not "
+                      "interrupted, and a new sequence joins the next batch quickly (the batcher takes queued sequences "
+                      "of similar length up to the token budget), so a client that leaves after a fraction of a second "
+                      "has usually cost its work already; only what still waits in the queue is saved. The goal that a "
+                      "hang-up costs nothing is **not met**.", ""]
     return lines
 
 
