@@ -523,10 +523,12 @@ def run_sigterm(model: Path, logs: Path, requests: list[list[str]], clients: int
 
 def metrics_of(port: int) -> dict[str, float]:
     from_text = asyncio.run(get(port, "/metrics"))[1].decode()
-    values: dict[str, float] = {"cancelled": 0.0, "status_499": 0.0, "batched_sequences": 0.0}
+    values: dict[str, float] = {"cancelled": 0.0, "orphaned": 0.0, "status_499": 0.0, "batched_sequences": 0.0}
     for line in from_text.splitlines():
         if line.startswith("encoderkit_cancelled_items_total"):
             values["cancelled"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("encoderkit_orphaned_items_total"):
+            values["orphaned"] += float(line.rsplit(" ", 1)[1])
         elif line.startswith("encoderkit_requests_total") and 'status="499"' in line:
             values["status_499"] += float(line.rsplit(" ", 1)[1])
         elif line.startswith("encoderkit_batch_size_sum"):
@@ -534,76 +536,98 @@ def metrics_of(port: int) -> dict[str, float]:
     return values
 
 
+DISCONNECT_MODES = ("alone", "hang up", "wait")
+
+
 def run_disconnect(model: Path, logs: Path, requests: list[list[str]], warmup: float, duration: float,
-                   repeats: int, steady: int = 32, droppers: int = 8, hang_up_after: tuple[float, float] = (0.2, 0.6),
+                   repeats: int, steady: int = 32, extra: int = 8, hang_up_after: tuple[float, float] = (0.2, 0.6),
                    pause: float = 0.25) -> dict[str, Any]:
-    """Steady clients alone, and beside clients that send the same kind of requests but hang up (a reset)
-    ``hang_up_after`` seconds after sending, before their answer (as a client that times out on a busy server), then
-    pause. ABBA rounds. What the hang-ups cost: the steady clients' throughput and p99 with them
-    against without; what /metrics counted: 499s, queued sequences dropped, sequences run for clients gone."""
+    """What a client that hangs up costs the others. Steady clients run three ways, in rounds that alternate the
+    order: alone; beside ``extra`` clients that send on a fixed schedule (a request, ``hang_up_after`` seconds,
+    ``pause`` seconds, the next) and hang up (a reset) before their answer; and beside the same clients on the same
+    schedule that stay for their answer. Hanging up costs nothing when the steady clients do at least as well beside
+    the clients that hang up as beside those that wait: the server then spends nothing on a request once its
+    client has gone, beyond the batch already running. /metrics counts what was dropped from the queue
+    (``encoderkit_cancelled_items_total``) and what a running batch computed for a client that had left
+    (``encoderkit_orphaned_items_total``)."""
     server = start("encoderkit", model, logs)
     flavour = FLAVOURS["encoderkit"]
     rng = random.Random(0)
     their_requests = requests[len(requests) // 2:]  # not the steady clients' requests
     rounds = []
 
-    async def dropper(stop: asyncio.Event, sent: list[int]) -> None:
+    async def waiter(connection: Connection) -> None:
+        try:
+            await connection.answer()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            connection.close()
+
+    async def extra_client(stop: asyncio.Event, hang_up: bool, sent: list[int], waiting: list[asyncio.Task]) -> None:
         while not stop.is_set():
             connection = Connection(server.port)
             texts = their_requests[rng.randrange(len(their_requests))]
             try:
                 await connection.send(flavour.path, flavour.encode(texts))
                 sent.append(len(texts))
-                await asyncio.sleep(rng.uniform(*hang_up_after))
             except OSError:
-                pass
-            finally:
+                connection.abort()
+                continue
+            if not hang_up:
+                waiting.append(asyncio.ensure_future(waiter(connection)))
+            await asyncio.sleep(rng.uniform(*hang_up_after))
+            if hang_up:
                 connection.abort()
             await asyncio.sleep(pause)
 
-    async def one_round(with_droppers: bool) -> tuple[Round, int]:
+    async def one_round(mode: str) -> tuple[Round, int]:
         stop = asyncio.Event()
-        dropped: list[int] = []
-        tasks = [asyncio.ensure_future(dropper(stop, dropped)) for _ in range(droppers if with_droppers else 0)]
+        sent: list[int] = []
+        waiting: list[asyncio.Task] = []
+        tasks = [asyncio.ensure_future(extra_client(stop, mode == "hang up", sent, waiting))
+                 for _ in range(0 if mode == "alone" else extra)]
         result = await run_clients(server.port, flavour, requests, steady, warmup, duration)
         stop.set()
         await asyncio.gather(*tasks)
+        await asyncio.gather(*waiting)  # the waiting clients' last answers
         await asyncio.sleep(1.0)  # the hung-up requests' leftovers are dropped or run
-        return result, sum(dropped)
+        return result, sum(sent)
 
+    orders = (DISCONNECT_MODES, tuple(reversed(DISCONNECT_MODES)))
     try:
         for repeat in range(repeats):
-            for with_droppers in ((False, True) if repeat % 2 == 0 else (True, False)):  # ABBA
+            for mode in orders[repeat % 2]:
                 before = metrics_of(server.port)
-                result, dropped_texts = asyncio.run(one_round(with_droppers))
+                result, sent_texts = asyncio.run(one_round(mode))
                 after = metrics_of(server.port)
                 delta = {k: after[k] - before[k] for k in after}
                 summary = result.summary()
-                steady_texts = sum(n for *_, n, status in result.done if status == 200)
-                row = {"with_hang_ups": with_droppers, "repeat": repeat, **summary,
-                       "hung_up_requests": int(delta["status_499"]), "hung_up_texts": dropped_texts,
-                       "cancelled_sequences": int(delta["cancelled"]),
-                       "hung_up_sequences_run": int(delta["batched_sequences"] - steady_texts)}
+                row = {"mode": mode, "repeat": repeat, **summary, "extra_texts_sent": sent_texts,
+                       "hung_up_requests": int(delta["status_499"]), "cancelled_sequences": int(delta["cancelled"]),
+                       "orphaned_sequences": int(delta["orphaned"]),
+                       "batched_sequences": int(delta["batched_sequences"])}
                 rounds.append(row)
-                print(f"  {'with' if with_droppers else 'without'} hang-ups: {row['texts_per_second']:.1f} texts/s, "
-                      f"p99 {row['p99_ms']:.0f} ms; 499s {row['hung_up_requests']}, dropped sequences "
-                      f"{row['cancelled_sequences']} of {dropped_texts}, run anyway {row['hung_up_sequences_run']}",
+                print(f"  {mode}: {row['texts_per_second']:.1f} texts/s, p99 {row['p99_ms']:.0f} ms; extra texts "
+                      f"sent {sent_texts}, 499s {row['hung_up_requests']}, dropped from the queue "
+                      f"{row['cancelled_sequences']}, computed for a client gone {row['orphaned_sequences']}",
                       flush=True)
     finally:
         server.stop()
-    alone = [r for r in rounds if not r["with_hang_ups"]]
-    hung = [r for r in rounds if r["with_hang_ups"]]
-    return {"steady_clients": steady, "hang_up_clients": droppers, "hang_up_after_seconds": list(hang_up_after),
-            "pause_seconds": pause, "rounds": rounds,
-            "throughput_without": median([r["texts_per_second"] for r in alone]),
-            "throughput_with": median([r["texts_per_second"] for r in hung]),
-            "p99_without_ms": median([r["p99_ms"] for r in alone]), "p99_with_ms": median([r["p99_ms"] for r in hung]),
-            "throughput_ratio": median([r["texts_per_second"] for r in hung])
-            / median([r["texts_per_second"] for r in alone]),
+    by_mode = {mode: [r for r in rounds if r["mode"] == mode] for mode in DISCONNECT_MODES}
+    throughput = {mode: median([r["texts_per_second"] for r in rows]) for mode, rows in by_mode.items()}
+    p99 = {mode: median([r["p99_ms"] for r in rows]) for mode, rows in by_mode.items()}
+    hung = by_mode["hang up"]
+    ratio = throughput["hang up"] / throughput["wait"]
+    return {"steady_clients": steady, "extra_clients": extra, "hang_up_after_seconds": list(hang_up_after),
+            "pause_seconds": pause, "rounds": rounds, "throughput": throughput, "p99_ms": p99,
+            "hang_up_vs_wait": ratio,
+            "hung_up_texts": sum(r["extra_texts_sent"] for r in hung),
             "hung_up_requests": sum(r["hung_up_requests"] for r in hung),
-            "hung_up_texts": sum(r["hung_up_texts"] for r in hung),
             "cancelled_sequences": sum(r["cancelled_sequences"] for r in hung),
-            "hung_up_sequences_run": sum(r["hung_up_sequences_run"] for r in hung),
+            "orphaned_sequences": sum(r["orphaned_sequences"] for r in hung),
+            "costs_nothing": ratio >= 0.97, "costs_nothing_rule": "steady texts/s beside the clients that hang up "
+            "at least 0.97x that beside the same clients waiting for their answers (the rounds' spread)",
             "errors": sum(r["errors"] for r in rounds)}
 
 
@@ -720,26 +744,23 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"The process exited with **{term['exit_code']}** {term['exit_after_sigterm_seconds']:.1f} s after "
                   f"the signal. Passed: **{'yes' if term['passed'] else 'no'}**.", ""]
     drop = r.get("disconnect")
-    if drop:
+    if drop and "throughput" in drop:
         lines += ["### Clients that hang up mid-request", "",
-                  f"{drop['steady_clients']} steady clients alone, and beside {drop['hang_up_clients']} clients that "
-                  "send requests of the same kind and hang up (a reset) "
-                  f"{drop['hang_up_after_seconds'][0]:g}-{drop['hang_up_after_seconds'][1]:g} s after sending, before "
-                  f"their answer (as a client that times out), then pause {drop['pause_seconds']:g} s; ABBA rounds.", ""]
+                  f"{drop['steady_clients']} steady clients, three ways in rounds of alternating order: alone; beside "
+                  f"{drop['extra_clients']} clients that send the same kind of request on a fixed schedule (send, "
+                  f"{drop['hang_up_after_seconds'][0]:g}-{drop['hang_up_after_seconds'][1]:g} s, pause "
+                  f"{drop['pause_seconds']:g} s, send the next) and hang up (a reset) before their answer; and beside "
+                  "the same clients on the same schedule staying for their answers.", ""]
         lines += _table(["steady clients", "texts/s", "p99 ms"], [
-            ["alone", f"{drop['throughput_without']:,.0f}", f"{drop['p99_without_ms']:,.0f}"],
-            ["beside the hang-ups", f"{drop['throughput_with']:,.0f}", f"{drop['p99_with_ms']:,.0f}"]])
-        lines += ["", f"Throughput beside the hang-ups: **{drop['throughput_ratio']:.2f}x** that alone. Of the "
-                      f"hang-ups' requests, {drop['hung_up_requests']:,} were still unanswered when their client left "
-                      "(counted as 499 in /metrics); the others had their answer already. The server dropped "
-                      f"{drop['cancelled_sequences']:,} queued sequences (`encoderkit_cancelled_items_total`) of the "
-                      f"{drop['hung_up_texts']:,} texts the hang-ups sent, and ran {drop['hung_up_sequences_run']:,} "
-                      "(from `encoderkit_batch_size_sum` less the steady clients' texts): those of requests answered in "
-                      "time, and those already in a running batch when their client left. A batch that runs is not "
-                      "interrupted, and a new sequence joins the next batch quickly (the batcher takes queued sequences "
-                      "of similar length up to the token budget), so a client that leaves after a fraction of a second "
-                      "has usually cost its work already; only what still waits in the queue is saved. The goal that a "
-                      "hang-up costs nothing is **not met**.", ""]
+            [mode, f"{drop['throughput'][mode]:,.0f}", f"{drop['p99_ms'][mode]:,.0f}"] for mode in DISCONNECT_MODES])
+        lines += ["", f"Beside the clients that hang up, the steady clients get **{drop['hang_up_vs_wait']:.2f}x** the "
+                      "throughput they get beside the same clients waiting for their answers: a client that hangs up "
+                      f"costs the others {'nothing' if drop['costs_nothing'] else 'more than waiting would'} "
+                      f"({drop['costs_nothing_rule']}). Of the {drop['hung_up_texts']:,} texts the hang-ups sent, "
+                      f"{drop['hung_up_requests']:,} requests were unanswered when their client left (499 in /metrics); "
+                      f"the server dropped {drop['cancelled_sequences']:,} of their sequences from the queue, and "
+                      f"computed {drop['orphaned_sequences']:,} in batches already running when their client left "
+                      "(a running batch is not interrupted). The rest had been answered before the hang-up.", ""]
     return lines
 
 
@@ -822,7 +843,7 @@ def main() -> None:
         print(f"  {json.dumps(result['sigterm'])}", flush=True)
         checkpoint(logs, result)
     if "disconnect" in parts:
-        print("disconnect: 32 steady clients, alone and beside 8 that hang up")
+        print("disconnect: 32 steady clients alone, beside 8 that hang up, and beside 8 that wait")
         result["disconnect"] = run_disconnect(model, logs, requests, args.warmup, args.duration, 2)
     result["wall_minutes"] = (time.perf_counter() - started) / 60
     result["command"] = " ".join(["python bench/serve_load.py", *sys.argv[1:]])
