@@ -337,12 +337,14 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
 def _script_renderer(name: str) -> Callable[[dict[str, Any]], list[str]] | None:
     """A benchmark script may render its own section: a ``render(result) -> list[str]`` in bench/<name>.py."""
     import importlib.util
+    import sys
 
     script = ROOT / "bench" / f"{name}.py"
     if not script.is_file():
         return None
     spec = importlib.util.spec_from_file_location(f"bench_{name}", script)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return getattr(module, "render", None)
 

@@ -33,6 +33,19 @@ def tiny_models(root: Path, tokenizer_source: Path) -> dict[str, Path]:
     return dirs
 
 
+def saved_index(root: Path, minilm_dir: Path, passages: list[str]) -> Path:
+    """A search index of ``passages`` (ids doc0, doc1, ...) embedded by the default model, saved under ``root``
+    with its texts (for ``ModelRegistry.load(index=)``)."""
+    from encoderkit.tasks.embed import Embedder
+    from encoderkit.tasks.search import build_index
+
+    corpus = root / "corpus.txt"
+    corpus.write_text("".join(t + "\n" for t in passages), encoding="utf-8")
+    index = build_index(Embedder.from_pretrained(minilm_dir).encode(passages), [f"doc{i}" for i in range(len(passages))])
+    index.info = {"model": str(minilm_dir), "texts": str(corpus)}
+    return index.save(root / "index")
+
+
 @asynccontextmanager
 async def client_of(app: Any, headers: dict[str, str] | None = None) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client on the app, inside the app's lifespan (batchers started, stopped after)."""

@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 from encoderkit.server import ModelRegistry, ServerSettings, create_app  # noqa: E402
-from serving import NER_LABELS, client_of, metric, tiny_models  # noqa: E402
+from serving import NER_LABELS, client_of, metric, saved_index, tiny_models  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,14 +30,7 @@ def model_dirs(tmp_path_factory, minilm_dir):
 
 @pytest.fixture(scope="module")
 def registry(model_dirs, minilm_dir, tmp_path_factory):
-    from encoderkit.tasks.embed import Embedder
-    from encoderkit.tasks.search import build_index
-
-    corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    corpus.write_text("".join(t + "\n" for t in PASSAGES), encoding="utf-8")
-    index = build_index(Embedder.from_pretrained(minilm_dir).encode(PASSAGES), [f"doc{i}" for i in range(4)])
-    index.info = {"model": str(minilm_dir), "texts": str(corpus)}
-    index_dir = index.save(tmp_path_factory.mktemp("index"))
+    index_dir = saved_index(tmp_path_factory.mktemp("index"), minilm_dir, PASSAGES)
     return ModelRegistry.load([(None, minilm_dir)] + [(name, path) for name, path in model_dirs.items()],
                               index=index_dir)
 

@@ -11,7 +11,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 from encoderkit.server import ModelRegistry, ServerSettings, create_app  # noqa: E402
-from serving import behind_a_busy_model, busy_model, client_of, hang_up_call, metric, tiny_models, wait_for  # noqa: E402
+from serving import (Gate, behind_a_busy_model, busy_model, client_of, hang_up_call, metric, tiny_models,  # noqa: E402
+                     wait_for)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -276,6 +277,31 @@ def test_a_client_that_hangs_up_cancels_its_queued_work(registry):
     assert [len(b) for b in batches] == [1, 1]  # the busy one, then GOOD: the three texts never ran
     assert metric(metrics, "encoderkit_cancelled_items_total", model=EMBEDDER, kind="embed") == 3
     assert metric(metrics, "encoderkit_requests_total", route="/embed", status="499") == 1
+
+
+def test_a_client_that_hangs_up_while_its_batch_runs_is_counted_and_the_server_goes_on(registry):
+    async def go():
+        app = create_app(registry)
+        async with client_of(app) as client:
+            batcher = app.state.server.batchers[(EMBEDDER, "embed")]
+            gate = Gate(batcher)
+            hang_up = asyncio.Event()
+            call = asyncio.ensure_future(hang_up_call(app, "/embed", {"inputs": ["running 1", "running 2"]}, hang_up))
+            await gate.entered()  # its own batch is on the model thread
+            hang_up.set()
+            await wait_for(lambda: batcher._pending == [] and call.done(), "the hung-up request to end")
+            gate.open()
+            await wait_for(lambda: "encoderkit_orphaned_items_total{" in app.state.server.metrics.render(),
+                           "the batch to finish")
+            after = await client.post("/embed", json=GOOD)
+            return await call, after, (await client.get("/metrics")).text, gate.batches
+
+    sent, after, metrics, batches = asyncio.run(go())
+    assert not any(m.get("status") == 200 for m in sent)
+    assert after.status_code == 200 and len(after.json()) == 1
+    assert [len(b) for b in batches] == [2, 1]  # the hung-up request's batch had started: it ran, then GOOD
+    assert metric(metrics, "encoderkit_orphaned_items_total", model=EMBEDDER, kind="embed") == 2
+    assert metric(metrics, "encoderkit_cancelled_items_total", model=EMBEDDER, kind="embed") == 0
 
 
 def test_rerank_and_predict_share_the_classifier_batches(registry):

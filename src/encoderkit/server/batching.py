@@ -132,6 +132,11 @@ class Batcher:
                         if not item.future.done():
                             item.future.set_exception(exc)
                     continue
+                orphaned = 0
                 for item, result in zip(batch, results):
-                    if not item.future.done():
+                    if item.future.done():  # its request went away while the batch ran
+                        orphaned += 1
+                    else:
                         item.future.set_result(result)
+                if orphaned:
+                    self.metrics.orphaned.inc(orphaned, **self.labels)

@@ -119,8 +119,11 @@ class Metrics:
                                       BATCH_TOKEN_BUCKETS)
         self.cancelled = Counter("encoderkit_cancelled_items_total",
                                  "queued sequences dropped before running (client gone or request timed out)")
+        self.orphaned = Counter("encoderkit_orphaned_items_total",
+                                "sequences computed for a request that had gone (hung up or timed out) while its "
+                                "batch was running")
         self.families: list[_Family] = [self.requests, self.latency, self.in_flight, self.queue_depth,
-                                        self.batch_size, self.batch_tokens, self.cancelled]
+                                        self.batch_size, self.batch_tokens, self.cancelled, self.orphaned]
 
     def render(self) -> str:
         return "\n".join(line for family in self.families for line in family.render()) + "\n"
