@@ -13,6 +13,7 @@ process that cluster started is waited for (and killed after a grace period), so
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import EncoderkitError, InputError
+from ..security.provenance import sha256_file
 from .shards import (MANIFEST, Plan, Shard, new_manifest, plan_shards, prepare_output, read_shard, write_json_atomically,
                      write_shard)
 
@@ -92,16 +94,11 @@ def model_record(model: str | Path | None, embedder_options: dict[str, Any]) -> 
     resolved = resolve_model(model)
     config = load_config(resolved.weights_dir / "config.json")
     truncate_dim = check_truncate_dim(embedder_options.get("truncate_dim"), config.hidden_size)
-    digest = hashlib.sha256()
-    for path in sorted(resolved.weights_dir.iterdir()):
-        if path.is_file() and path.suffix in (".safetensors", ".bin", ".json", ".txt", ".model"):
-            digest.update(path.name.encode())
-            with open(path, "rb") as handle:
-                while block := handle.read(1 << 20):
-                    digest.update(block)
+    files = {path.name: sha256_file(path) for path in sorted(resolved.weights_dir.iterdir())
+             if path.is_file() and path.suffix in (".safetensors", ".bin", ".json", ".txt", ".model")}
     info = resolved.sentence_transformer
     record = {"name": str(model) if model is not None else "default", "path": str(resolved.root.resolve()),
-              "model_type": config.model_type, "sha256": digest.hexdigest(),
+              "model_type": config.model_type, "sha256": hashlib.sha256(json.dumps(files).encode()).hexdigest(),
               "pooling": info.pooling if info else "mean", "normalize": bool(info and info.normalize),
               **{k: embedder_options.get(k) for k in ("dtype", "max_length", "long_text", "truncate_dim")}}
     return record, truncate_dim or config.hidden_size

@@ -9,7 +9,7 @@ so a shard file is either absent or complete, and ``manifest.json`` (rewritten a
 records which shards are done. A rerun skips those: no id is written twice.
 
 Nothing here imports Ray: the planning, the reading of one shard, the writing and the manifest are plain
-Python, used by the Ray job (``encoderkit.embeddings.ray_job``) and by readers of its output (``read_shards``).
+Python, used by the Ray job (``encoderkit.embeddings.distributed``) and by readers of its output (``read_shards``).
 """
 from __future__ import annotations
 
@@ -23,15 +23,15 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..data.readers import TEXT_KEYS
 from ..errors import DataError, InputError
+from ..security.provenance import sha256_file
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "encoderkit-embeddings/1"
 SHARD_PATTERN = "shard-{index:06d}.parquet"
 # Input formats by file suffix; any other suffix of a file named on its own is read as text (one per line).
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
-TEXT_KEYS = ("text", "sentence", "content", "body", "document")  # as encoderkit.data.readers
-_HASH_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def _scan_parquet(path: Path, name: str, text_field: str | None, id_field: str |
     if not pa.types.is_string(parquet.schema_arrow.field(text_key).type) \
             and not pa.types.is_large_string(parquet.schema_arrow.field(text_key).type):
         raise DataError(f"{path}: column {text_key!r} must hold strings, found {parquet.schema_arrow.field(text_key).type}")
-    return InputFile(str(path), name, "parquet", parquet.metadata.num_rows, path.stat().st_size, _sha256(path),
+    return InputFile(str(path), name, "parquet", parquet.metadata.num_rows, path.stat().st_size, sha256_file(path),
                      text_key, id_key)
 
 
@@ -213,14 +213,6 @@ def _json_object(raw: bytes, path: Path | str, line: int) -> dict:
     if not isinstance(obj, dict):
         raise DataError(f"{path}:{line}: expected a JSON object, found {type(obj).__name__}")
     return obj
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
