@@ -30,11 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def ray_installed() -> bool:
-    try:
-        import ray.data  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None and importlib.util.find_spec("ray.data") is not None
 
 
 needs_ray = pytest.mark.skipif(not ray_installed(), reason="ray[data] is not installed (pip install 'encoderkit[ray]')")
@@ -235,6 +233,7 @@ def test_unreachable_address_fails_fast(tmp_path: Path, tiny: Path, capsys) -> N
     err = capsys.readouterr().err
     assert code == 2 and f"cannot reach the Ray cluster at --address 127.0.0.1:{port}" in err and "ray start --head" in err
     assert time.perf_counter() - start < 15
+    assert not (tmp_path / "o").exists()  # a job that never started leaves no output directory
     import ray
 
     assert not ray.is_initialized()

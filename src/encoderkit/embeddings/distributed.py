@@ -129,16 +129,21 @@ def embed_with_ray(input_spec: str | Path, out_dir: str | Path, *, model: str | 
     out_dir = Path(out_dir)
     plan = plan_shards(input_spec, shard_size=shard_size, text_field=text_field, id_field=id_field)
     record, dimension = model_record(model, embedder_options)
-    manifest, pending = prepare_output(out_dir, new_manifest(plan, record, dimension), plan, restart=restart)
+    manifest = new_manifest(plan, record, dimension)
+    _, pending = prepare_output(out_dir, manifest, plan, restart=restart, write=False)  # refusals come first
     skipped = len(plan.shards) - len(pending)
-    if skipped:
-        log.warning("resuming %s: %d of %d shards (%d of %d rows) were already written", out_dir, skipped,
-                    len(plan.shards), manifest["rows_done"], plan.rows)
-    if pending:
+    if not pending:
+        prepare_output(out_dir, manifest, plan, restart=restart)
+    else:
         fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
         _require_ray()
         with ray_cluster(address, num_cpus=workers * threads_per_worker, timeout_s=connect_timeout_s), \
                 Progress(plan.rows, "embedding", "texts", enabled=show_progress) as progress:
+            # written once the cluster is up: a job that never started leaves no directory behind
+            manifest, pending = prepare_output(out_dir, manifest, plan, restart=restart)
+            if skipped:
+                log.warning("resuming %s: %d of %d shards (%d of %d rows) were already written", out_dir, skipped,
+                            len(plan.shards), manifest["rows_done"], plan.rows)
             progress.skip(manifest["rows_done"])
             written = 0
             for shard, ids, vectors in _run_pipeline(pending, model, embedder_options, workers=workers,
@@ -247,7 +252,8 @@ def ray_cluster(address: str | None, *, num_cpus: int, timeout_s: float = 10.0) 
         try:
             ray.init(address=address, **quiet)
         except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, TimeoutError ... from ray.init
-            raise InputError(f"cannot connect to the Ray cluster at --address {address}: {exc}. Start one with "
+            raise InputError(f"cannot connect to the Ray cluster at --address {address}: {str(exc).rstrip('.')}. "
+                             "Start one with "
                              "`ray start --head` (then --address auto on that machine, or HOST:6379 elsewhere), "
                              "or drop --address to run on a local cluster") from None
         try:

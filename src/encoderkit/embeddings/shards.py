@@ -370,50 +370,48 @@ def new_manifest(plan: Plan, model: dict[str, Any], dimension: int) -> dict[str,
             "rows": plan.rows, "shard_count": len(plan.shards), "rows_done": 0, "complete": False, "shards": []}
 
 
-def prepare_output(out_dir: str | Path, manifest: dict[str, Any], plan: Plan, *,
-                   restart: bool = False) -> tuple[dict[str, Any], list[Shard]]:
+def prepare_output(out_dir: str | Path, manifest: dict[str, Any], plan: Plan, *, restart: bool = False,
+                   write: bool = True) -> tuple[dict[str, Any], list[Shard]]:
     """Ready ``out_dir`` for the job ``manifest`` describes: a new directory, the same job to resume (its
     finished shards kept), or, with ``restart``, this job's files removed. Refuses a directory that holds
-    another job or other files. Returns the manifest to continue (written) and the shards still to embed."""
+    another job or other files. Returns the manifest to continue and the shards still to embed; ``write=False``
+    only checks and plans (nothing is created, removed or written)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file; the Ray engine writes a directory of Parquet shards")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ours = [p for p in out_dir.iterdir() if p.name.startswith("shard-") or p.name.startswith(MANIFEST)]
-    if restart:
-        for path in ours:
-            path.unlink()
-        ours = []
-    existing = read_manifest(out_dir)
+    present = sorted(out_dir.iterdir()) if out_dir.is_dir() else []
+    ours = [p for p in present if p.name.startswith(("shard-", MANIFEST))]
+    existing = None if restart else read_manifest(out_dir)
     if existing is None:
-        others = sorted(p.name for p in out_dir.iterdir() if p not in ours)
-        if others or ours:
-            raise InputError(f"--out {out_dir} is not empty ({', '.join((others or [p.name for p in ours])[:3])}"
-                             f"{', ...' if len(others or ours) > 3 else ''}) and holds no {MANIFEST}: "
-                             "choose a new or empty directory")
+        others = [p.name for p in present if p not in ours] + ([] if restart else [p.name for p in ours])
+        if others:
+            raise InputError(f"--out {out_dir} is not empty ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}"
+                             f") and holds no {MANIFEST}: choose a new or empty directory")
     else:
         differs = [label for key, label in IDENTITY.items() if _identity(existing, key) != _identity(manifest, key)]
         if differs:
             raise InputError(f"--out {out_dir} holds embeddings of another job: its {' and its '.join(differs)} "
                              f"differ from this run's ({MANIFEST}). To resume that job, rerun it with its own model, "
                              "input and options; to replace its shards, add --restart; or choose another --out")
-    for path in out_dir.glob("*.tmp"):  # a shard or manifest whose writer was killed before the rename
-        path.unlink()
     done: dict[int, dict[str, Any]] = {}
     if existing is not None:
-        by_index = {shard.index: shard for shard in plan.shards}
         recorded = {entry["index"]: entry for entry in existing.get("shards", [])}
-        for index, shard in by_index.items():
+        for shard in plan.shards:
             path = out_dir / shard.file_name
-            if not path.is_file():
-                continue
-            entry = recorded.get(index) or _adopt(path, shard)  # renamed but not yet recorded when the job stopped
-            if entry is not None:
-                done[index] = entry
+            if path.is_file():  # recorded, or renamed but not yet recorded when the job stopped
+                entry = recorded.get(shard.index) or _adopt(path, shard)
+                if entry is not None:
+                    done[shard.index] = entry
     manifest = dict(manifest, shards=[done[i] for i in sorted(done)])
     manifest["rows_done"] = sum(entry["rows"] for entry in manifest["shards"])
     manifest["complete"] = len(done) == len(plan.shards)
-    write_json_atomically(out_dir / MANIFEST, manifest)
+    if write:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for path in ours:  # --restart's old files, a writer's leftovers (*.tmp), unusable shard files
+            if restart or path.name.endswith(".tmp") or (path.name.startswith("shard-") and not any(
+                    entry["file"] == path.name for entry in manifest["shards"])):
+                path.unlink()
+        write_json_atomically(out_dir / MANIFEST, manifest)
     return manifest, [shard for shard in plan.shards if shard.index not in done]
 
 
@@ -434,7 +432,4 @@ def _adopt(path: Path, shard: Shard) -> dict[str, Any] | None:
         ids = pq.read_table(path, columns=["id"]).column("id").to_pylist()
     except Exception:  # noqa: BLE001 - an unreadable file is embedded again
         ids = []
-    if len(ids) != shard.rows:
-        path.unlink()
-        return None
-    return shard_entry(shard, ids)
+    return shard_entry(shard, ids) if len(ids) == shard.rows else None
