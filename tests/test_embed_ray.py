@@ -17,7 +17,7 @@ import pytest
 from encoderkit import Embedder
 from encoderkit.cli import main
 from encoderkit.data.readers import iter_records
-from encoderkit.embeddings.shards import (MANIFEST, new_manifest, plan_shards, prepare_output, read_manifest,
+from encoderkit.embeddings.shard_plan import (MANIFEST, new_manifest, plan_shards, prepare_output, read_manifest,
                                           read_shard, read_shards, write_shard)
 from encoderkit.errors import DataError, InputError
 
@@ -153,7 +153,7 @@ def test_resume_keeps_recorded_and_renamed_shards_and_embeds_the_rest(tmp_path: 
     (out / "shard-000003.parquet.tmp").write_bytes(b"partial")
     manifest, pending = prepare_output(out, job(tmp_path, tiny, rows=14, shard_size=4)[1], plan)
     assert [s.index for s in pending] == [2, 3]
-    assert [e["index"] for e in manifest["shards"]] == [0, 1] and manifest["rows_done"] == 8
+    assert [e["index"] for e in manifest["shards"]] == [0, 1] and manifest["count"] == 8
     assert manifest["shards"][1]["ids"] == {"count": 4, "first": "r4", "last": "r7", "min": "r4", "max": "r7"}
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "shard-000000.parquet", "shard-000001.parquet"]
     table = pq.read_table(out / "shard-000001.parquet")
@@ -285,7 +285,7 @@ def test_two_workers_equal_the_single_process_embed_after_a_crash_and_a_resume(t
     assert no_ray_left(ray_tmp) == []
     manifest = read_manifest(out)
     assert not manifest["complete"] and 2 <= len(manifest["shards"]) < 6
-    before = {e["file"]: (out / e["file"]).stat().st_mtime_ns for e in manifest["shards"]}
+    before = {e["path"]: (out / e["path"]).stat().st_mtime_ns for e in manifest["shards"]}
 
     resumed = run_cli(args, ray_tmp)
     assert resumed.returncode == 0, resumed.stderr

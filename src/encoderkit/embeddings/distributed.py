@@ -1,6 +1,6 @@
 """Embedding on a Ray cluster: ``encoderkit embed INPUT --engine ray --out DIR``.
 
-The driver plans the input into shards (``encoderkit.embeddings.shards``), then runs one Ray Data pipeline:
+The driver plans the input into shards (``encoderkit.embeddings.shard_plan``), then runs one Ray Data pipeline:
 the descriptors of the shards still to do, mapped over a pool of actors (``ActorPoolStrategy``), each holding
 one ``Embedder`` with its own torch thread count. An actor reads its shard's rows straight from the input file
 and returns (shard, id, embedding) rows; the driver writes each shard once all of its rows are in, then the
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import EncoderkitError, InputError
 from ..security.provenance import sha256_file
-from .shards import (MANIFEST, Plan, Shard, new_manifest, plan_shards, prepare_output, read_shard, write_json_atomically,
+from .shard_plan import (MANIFEST, Plan, Shard, new_manifest, plan_shards, prepare_output, read_shard, write_json_atomically,
                      write_shard)
 
 log = logging.getLogger(__name__)
@@ -143,8 +143,8 @@ def embed_with_ray(input_spec: str | Path, out_dir: str | Path, *, model: str | 
             manifest, pending = prepare_output(out_dir, manifest, plan, restart=restart)
             if skipped:
                 log.warning("resuming %s: %d of %d shards (%d of %d rows) were already written", out_dir, skipped,
-                            len(plan.shards), manifest["rows_done"], plan.rows)
-            progress.skip(manifest["rows_done"])
+                            len(plan.shards), manifest["count"], plan.rows)
+            progress.skip(manifest["count"])
             written = 0
             for shard, ids, vectors in _run_pipeline(pending, model, embedder_options, workers=workers,
                                                      threads=threads_per_worker, batch_size=batch_size):
@@ -152,7 +152,7 @@ def embed_with_ray(input_spec: str | Path, out_dir: str | Path, *, model: str | 
                     raise InputError(f"the model gave {vectors.shape[1]}-dimensional vectors, {dimension} expected")
                 entry = write_shard(out_dir, shard, ids, vectors)
                 manifest["shards"] = sorted(manifest["shards"] + [entry], key=lambda e: e["index"])
-                manifest["rows_done"] += shard.rows
+                manifest["count"] += shard.rows
                 manifest["complete"] = len(manifest["shards"]) == len(plan.shards)
                 write_json_atomically(out_dir / MANIFEST, manifest)
                 progress.advance(shard.rows)

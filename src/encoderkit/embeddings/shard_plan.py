@@ -28,7 +28,7 @@ from ..errors import DataError, InputError
 from ..security.provenance import sha256_file
 
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "encoderkit-embeddings/1"
+MANIFEST_FORMAT, MANIFEST_VERSION = "encoderkit-embeddings", 1
 SHARD_PATTERN = "shard-{index:06d}.parquet"
 # Input formats by file suffix; any other suffix of a file named on its own is read as text (one per line).
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
@@ -313,7 +313,7 @@ def write_shard(out_dir: Path, shard: Shard, ids: list[str], vectors: np.ndarray
 
 
 def shard_entry(shard: Shard, ids: list[str]) -> dict[str, Any]:
-    return {"index": shard.index, "file": shard.file_name, "rows": shard.rows, "input": shard.path,
+    return {"index": shard.index, "path": shard.file_name, "rows": shard.rows, "input": shard.path,
             "input_start": shard.start,
             "ids": {"count": len(ids), "first": ids[0], "last": ids[-1], "min": min(ids), "max": max(ids)}}
 
@@ -332,8 +332,10 @@ def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} is not valid JSON ({exc}); delete the directory or rerun with --restart") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise DataError(f"{path} is not an encoderkit embeddings manifest (format {MANIFEST_FORMAT!r})")
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT \
+            or manifest.get("version") != MANIFEST_VERSION:
+        raise DataError(f"{path} is not an encoderkit embeddings manifest (format {MANIFEST_FORMAT!r}, "
+                        f"version {MANIFEST_VERSION})")
     return manifest
 
 
@@ -349,7 +351,7 @@ def read_shards(out_dir: str | Path, *, require_complete: bool = True) -> Iterat
         raise DataError(f"{out_dir} holds an unfinished job ({len(manifest['shards'])} of {manifest['shard_count']} "
                         "shards): rerun the same embed command to finish it")
     for entry in manifest["shards"]:
-        table = pq.read_table(out_dir / entry["file"])
+        table = pq.read_table(out_dir / entry["path"])
         flat = table.column("embedding").combine_chunks().flatten().to_numpy()
         yield table.column("id").to_pylist(), flat.reshape(table.num_rows, manifest["dimension"])
 
@@ -363,11 +365,12 @@ IDENTITY = {"model": "model (or its settings: pooling, dtype, max length, trunca
 
 
 def new_manifest(plan: Plan, model: dict[str, Any], dimension: int) -> dict[str, Any]:
-    return {"format": MANIFEST_FORMAT, "model": model, "dimension": dimension, "dtype": "float32",
+    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "model": model, "dimension": dimension,
+            "dtype": "float32",
             "columns": {"id": "string", "embedding": f"list<float32> ({dimension} values)"},
             "shard_size": plan.shard_size,
             "input": {"fingerprint": plan.fingerprint(), "files": [f.record() for f in plan.files]},
-            "rows": plan.rows, "shard_count": len(plan.shards), "rows_done": 0, "complete": False, "shards": []}
+            "rows": plan.rows, "shard_count": len(plan.shards), "count": 0, "complete": False, "shards": []}
 
 
 def prepare_output(out_dir: str | Path, manifest: dict[str, Any], plan: Plan, *, restart: bool = False,
@@ -403,13 +406,13 @@ def prepare_output(out_dir: str | Path, manifest: dict[str, Any], plan: Plan, *,
                 if entry is not None:
                     done[shard.index] = entry
     manifest = dict(manifest, shards=[done[i] for i in sorted(done)])
-    manifest["rows_done"] = sum(entry["rows"] for entry in manifest["shards"])
+    manifest["count"] = sum(entry["rows"] for entry in manifest["shards"])
     manifest["complete"] = len(done) == len(plan.shards)
     if write:
         out_dir.mkdir(parents=True, exist_ok=True)
         for path in ours:  # --restart's old files, a writer's leftovers (*.tmp), unusable shard files
             if restart or path.name.endswith(".tmp") or (path.name.startswith("shard-") and not any(
-                    entry["file"] == path.name for entry in manifest["shards"])):
+                    entry["path"] == path.name for entry in manifest["shards"])):
                 path.unlink()
         write_json_atomically(out_dir / MANIFEST, manifest)
     return manifest, [shard for shard in plan.shards if shard.index not in done]
