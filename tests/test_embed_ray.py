@@ -202,23 +202,27 @@ def test_shard_embedder_gives_the_embedders_vectors(tmp_path: Path, tiny: Path) 
     assert out["embedding"].dtype == np.float32 and np.abs(out["embedding"] - expected).max() < 1e-6
 
 
-def test_actor_errors_come_back_as_the_encoderkit_error(tmp_path: Path) -> None:
-    from encoderkit.embeddings.distributed import _encoderkit_cause
+def test_shards_are_collected_in_any_order_and_actor_errors_come_back_as_encoderkit_errors(tmp_path: Path,
+                                                                                           tiny: Path) -> None:
+    from encoderkit.embeddings.distributed import _SHARD_FIELDS, ShardEmbedder, collect_shards
 
-    class Wrapper(Exception):
-        def __init__(self, cause):
-            super().__init__("wrapped")
-            self.cause = cause
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": f"text {i}"} for i in range(7)])
+    with open(source, "a") as handle:
+        handle.write('{"id": "r7", "body": "no text field"}\n')
+    plan = plan_shards(source, shard_size=3)  # shards of rows 0-2, 3-5, 6-7: the last one is bad
+    actor = ShardEmbedder(str(tiny), 1, {"dtype": "fp32"})
 
-    original = DataError("in.jsonl:7: no id field 'id'")
-    try:
-        try:
-            raise Wrapper(original)
-        except Wrapper as wrapped:
-            raise RuntimeError("the dataset failed") from wrapped
-    except RuntimeError as outer:
-        assert _encoderkit_cause(outer) is original
-    assert _encoderkit_cause(RuntimeError("a bug")) is None
+    def batch(shards):
+        return actor({name: np.asarray([getattr(s, name) for s in shards], dtype=object) for name in _SHARD_FIELDS})
+
+    second, first = batch([plan.shards[1]]), batch([plan.shards[0]])
+    split = [{key: value[:2] for key, value in first.items()}, {key: value[2:] for key, value in first.items()}]
+    done = collect_shards([second, *split], plan.shards[:2])  # shard 0 arrives in two pieces, after shard 1
+    assert [(shard.index, ids) for shard, ids, _ in done] == [(1, ["r3", "r4", "r5"]), (0, ["r0", "r1", "r2"])]
+    bad = batch([plan.shards[2]])
+    assert bad["error"].tolist() == ["DataError\t" + f"{source}:8: no text field 'text'"]
+    with pytest.raises(DataError, match=r"in.jsonl:8: no text field 'text'$"):
+        list(collect_shards([first, bad], plan.shards))
 
 
 @needs_ray

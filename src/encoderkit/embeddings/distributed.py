@@ -22,10 +22,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from .. import errors as errors_module
 from ..errors import EncoderkitError, InputError
 from ..security.provenance import sha256_file
 from .shard_plan import (MANIFEST, Plan, Shard, new_manifest, plan_shards, prepare_output, read_shard, write_json_atomically,
@@ -63,15 +64,23 @@ class ShardEmbedder:
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        shard_column, ids, vectors = [], [], []
+        shard_column, ids, vectors, errors = [], [], [], []
         for row in range(len(batch["index"])):
             shard = shard_from_row({name: batch[name][row] for name in _SHARD_FIELDS})
-            shard_ids, texts = read_shard(shard)
-            vectors.append(self.embedder.encode(texts, batch_size=self.batch_size))
+            try:
+                shard_ids, texts = read_shard(shard)
+                vectors.append(self.embedder.encode(texts, batch_size=self.batch_size))
+            except EncoderkitError as exc:
+                # Returned as data, not raised: Ray passes the driver a wrapper whose cause chain is lost,
+                # and the user should see this one line, not a worker's traceback.
+                shard_ids, errors = [""], [f"{type(exc).__name__}\t{exc}"]
+                vectors.append(np.zeros((1, self.embedder.dimension), dtype=np.float32))
             ids += shard_ids
             shard_column += [shard.index] * len(shard_ids)
+            errors += [""] * (len(shard_column) - len(errors))
         return {"shard": np.asarray(shard_column, dtype=np.int64), "id": np.asarray(ids, dtype=object),
-                "embedding": np.concatenate(vectors).astype(np.float32, copy=False)}
+                "embedding": np.concatenate(vectors).astype(np.float32, copy=False),
+                "error": np.asarray(errors, dtype=object)}
 
 
 def shard_from_row(row: dict[str, Any]) -> Shard:
@@ -182,40 +191,30 @@ def _run_pipeline(pending: list[Shard], model: str | Path | None, embedder_optio
         compute=ray.data.ActorPoolStrategy(size=min(workers, len(pending))),
         fn_constructor_kwargs={"model": None if model is None else str(model), "threads": threads,
                                "embedder_options": embedder_options, "batch_size": batch_size})
+    yield from collect_shards(dataset.iter_batches(batch_size=None, batch_format="numpy"), pending)
+
+
+def collect_shards(batches: Iterable[dict[str, np.ndarray]],
+                   pending: list[Shard]) -> Iterator[tuple[Shard, list[str], np.ndarray]]:
+    """Group the actors' output rows (in any order, a shard possibly split over batches) by shard; yield each
+    shard once all of its rows are in. An error an actor returned is raised here, as the encoderkit error."""
     by_index = {shard.index: shard for shard in pending}
     parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     counts: dict[int, int] = {}
-    try:
-        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-            for index in np.unique(batch["shard"]):
-                rows = batch["shard"] == index
-                index = int(index)
-                parts.setdefault(index, []).append((batch["id"][rows], np.asarray(batch["embedding"][rows])))
-                counts[index] = counts.get(index, 0) + int(rows.sum())
-                if counts[index] == by_index[index].rows:
-                    pieces = parts.pop(index)
-                    ids = [str(i) for piece in pieces for i in piece[0]]
-                    yield by_index[index], ids, np.concatenate([piece[1] for piece in pieces])
-    except Exception as exc:
-        cause = _encoderkit_cause(exc)
-        if cause is not None:
-            raise type(cause)(str(cause)) from None
-        raise
-
-
-def _encoderkit_cause(exc: BaseException) -> EncoderkitError | None:
-    """The EncoderkitError an actor raised, out of the Ray exceptions that wrap it (None: not one of ours)."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, EncoderkitError) and type(current).__module__.startswith("encoderkit"):
-            return current
-        pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
-    return None
+    for batch in batches:
+        failed = [message for message in batch["error"] if message]
+        if failed:
+            name, message = failed[0].split("\t", 1)
+            raise getattr(errors_module, name, EncoderkitError)(message)
+        for index in np.unique(batch["shard"]):
+            rows = batch["shard"] == index
+            index = int(index)
+            parts.setdefault(index, []).append((batch["id"][rows], np.asarray(batch["embedding"][rows])))
+            counts[index] = counts.get(index, 0) + int(rows.sum())
+            if counts[index] == by_index[index].rows:
+                pieces = parts.pop(index)
+                ids = [str(i) for piece in pieces for i in piece[0]]
+                yield by_index[index], ids, np.concatenate([piece[1] for piece in pieces])
 
 
 def _require_ray() -> None:
