@@ -1,5 +1,5 @@
 """`encoderkit embed --engine ray`: shard planning and reading, the manifest and resumption, clear errors, and
-(one local Ray cluster, twice) equality with the single-process embed, a crash and a resume, no process left."""
+(marked slow: local Ray clusters) equality with the single-process embed, a crash, a kill, Ctrl-C, resumes, no process left."""
 from __future__ import annotations
 
 import json
@@ -276,6 +276,7 @@ def no_ray_left(ray_tmp: str) -> list[str]:
 
 @needs_ray
 @pytest.mark.data
+@pytest.mark.slow  # two local clusters: 84 s on this 2-core machine (most of it Ray's and the actors' start-up)
 def test_two_workers_equal_the_single_process_embed_after_a_crash_and_a_resume(tmp_path: Path) -> None:
     rows = shared_file("data", "ag_news", "train_subset_10k.tsv").read_text(encoding="utf-8").splitlines()[:240]
     source = write_jsonl(tmp_path / "news.jsonl", [{"id": f"n{i}", "text": row.split("\t")[0]}
