@@ -1,5 +1,5 @@
-"""`encoderkit embed --engine ray`: shard planning and reading, the manifest and resumption, clear errors, and
-(marked slow: local Ray clusters) equality with the single-process embed, a crash, a kill, Ctrl-C, resumes, no process left."""
+"""`encoderkit embed --engine ray`: shard planning and reading, the manifest and resumption, clear errors; and,
+marked slow (local Ray clusters): equality with the single-process embed, crash / kill / Ctrl-C and resume."""
 from __future__ import annotations
 
 import json
