@@ -274,6 +274,59 @@ def no_ray_left(ray_tmp: str) -> list[str]:
     return left
 
 
+def embed_file_by_id(source: Path, out: Path, model: Path | None = None) -> dict[str, np.ndarray]:
+    """The single-process engine's vectors (``encoderkit embed`` without --engine), by id."""
+    from encoderkit.tasks.embed import embed_file
+
+    local = embed_file(source, out, model=model, id_field="id", show_progress=False)
+    return dict(zip(local.ids_path.read_text().splitlines(), np.load(local.path)))
+
+
+def vectors_by_id(out: Path) -> dict[str, np.ndarray]:
+    got: dict[str, np.ndarray] = {}
+    for ids, vectors in read_shards(out):
+        for record_id, vector in zip(ids, vectors):
+            assert record_id not in got, f"{record_id} written twice"
+            got[record_id] = vector
+    return got
+
+
+@needs_ray
+def test_two_workers_interrupted_then_rerun_on_one_cluster_equal_the_single_process_embed(
+        tmp_path: Path, tiny: Path, monkeypatch) -> None:
+    """The default suite's version of the acceptance test below: one local cluster (started once, in this
+    process) runs a job of 2 workers that is stopped after 2 of its 6 shards, then the rerun; every id comes out
+    exactly once, with the single-process engine's vector."""
+    from encoderkit.embeddings.distributed import FAIL_AFTER_ENV, embed_with_ray, ray_cluster
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": f"r{i}", "text": f"text number {i} " * (1 + i % 9)}
+                                                 for i in range(120)])
+    out = tmp_path / "out"
+    ray_tmp = tempfile.mkdtemp(prefix="ekray", dir="/tmp")  # short: Ray's socket paths live below it
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    options = dict(model=tiny, id_field="id", shard_size=20, workers=2, threads_per_worker=1, show_progress=False)
+    import ray
+
+    with ray_cluster(None, num_cpus=2):
+        monkeypatch.setenv(FAIL_AFTER_ENV, "2")
+        with pytest.raises(KeyboardInterrupt):
+            embed_with_ray(source, out, **options)
+        manifest = read_manifest(out)
+        assert not manifest["complete"] and len(manifest["shards"]) == 2 and manifest["count"] == 40
+        before = {e["path"]: (out / e["path"]).stat().st_mtime_ns for e in manifest["shards"]}
+        monkeypatch.delenv(FAIL_AFTER_ENV)
+        result = embed_with_ray(source, out, **options)
+        assert ray.is_initialized()  # the job used this process's cluster and left it to its owner
+    assert not ray.is_initialized() and no_ray_left(ray_tmp) == []
+    assert (result.shards, result.shards_skipped, result.rows) == (6, 2, 120)
+    assert {f: (out / f).stat().st_mtime_ns for f in before} == before  # finished shards were not redone
+    assert read_manifest(out)["complete"]
+    expected = embed_file_by_id(source, tmp_path / "local.npy", tiny)
+    got = vectors_by_id(out)
+    assert sorted(got) == sorted(expected)
+    assert max(float(np.abs(got[i] - expected[i]).max()) for i in expected) < 1e-5
+
+
 @needs_ray
 @pytest.mark.data
 @pytest.mark.slow  # two local clusters: 84 s on this 2-core machine (most of it Ray's and the actors' start-up)
@@ -300,15 +353,8 @@ def test_two_workers_equal_the_single_process_embed_after_a_crash_and_a_resume(t
     assert manifest["complete"] and manifest["rows"] == 240 and len(manifest["shards"]) == 6
     assert {f: (out / f).stat().st_mtime_ns for f in before} == before  # finished shards were not redone
 
-    from encoderkit.tasks.embed import embed_file
-
-    local = embed_file(source, tmp_path / "local.npy", id_field="id", show_progress=False)
-    expected = dict(zip(local.ids_path.read_text().splitlines(), np.load(local.path)))
-    got: dict[str, np.ndarray] = {}
-    for ids, vectors in read_shards(out):
-        for record_id, vector in zip(ids, vectors):
-            assert record_id not in got, f"{record_id} written twice"
-            got[record_id] = vector
+    expected = embed_file_by_id(source, tmp_path / "local.npy")
+    got = vectors_by_id(out)
     assert sorted(got) == sorted(expected)
     assert max(float(np.abs(got[i] - expected[i]).max()) for i in expected) < 1e-5
 
