@@ -1,5 +1,6 @@
-"""`encoderkit embed --engine ray`: shard planning and reading, the manifest and resumption, clear errors; and,
-marked slow (local Ray clusters): equality with the single-process embed, crash / kill / Ctrl-C and resume."""
+"""`encoderkit embed --engine ray`: shard planning and reading, the manifest and resumption, clear errors; on one
+in-process local cluster, an interrupted job and its rerun equal the single-process embed; and, marked slow
+(a local cluster per command, as a user runs it): the same with MiniLM, kill / Ctrl-C and resume."""
 from __future__ import annotations
 
 import json
