@@ -191,7 +191,10 @@ def _run_pipeline(pending: list[Shard], model: str | Path | None, embedder_optio
         compute=ray.data.ActorPoolStrategy(size=min(workers, len(pending))),
         fn_constructor_kwargs={"model": None if model is None else str(model), "threads": threads,
                                "embedder_options": embedder_options, "batch_size": batch_size})
-    yield from collect_shards(dataset.iter_batches(batch_size=None, batch_format="numpy"), pending)
+    # prefetch_batches=0: with Ray's default (1) the iterator holds each output until the next one is in, so a
+    # shard would reach the driver (and the disk, where a rerun finds it) a whole shard's time after it was done
+    yield from collect_shards(dataset.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0),
+                              pending)
 
 
 def collect_shards(batches: Iterable[dict[str, np.ndarray]],
