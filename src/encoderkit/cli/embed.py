@@ -5,6 +5,7 @@ import json
 
 import click
 
+from ..errors import InputError
 from .options import (
     dtype_option,
     json_option,
@@ -19,28 +20,57 @@ from .options import (
 
 @click.command()
 @click.argument("input_path", metavar="INPUT")
-@out_option("output .npy (float32, one row per record); ids go to OUT.ids.txt", dest="out_path")
+@out_option("output: a .npy (float32, one row per record; ids in OUT.ids.txt), or with --engine ray a directory of "
+            "Parquet shards (id, embedding) and manifest.json", dest="out_path")
 @model_option()
 @dtype_option()
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl", "csv", "tsv"]), default=None,
               help="input format (default: from the file extension; otherwise one text per line)")
-@click.option("--text-field", default=None, help="JSONL key / CSV column holding the text")
-@click.option("--id-field", default=None, help="JSONL key / CSV column holding the id (default: record number)")
+@click.option("--text-field", default=None, help="JSONL key / CSV or Parquet column holding the text")
+@click.option("--id-field", default=None,
+              help="JSONL key / CSV or Parquet column holding the id (default: an `id` field, else the record number)")
 @max_length_option(help="tokens per text (default: the model's)")
 @click.option("--long-text", type=click.Choice(["truncate", "window"]), default="truncate", show_default=True,
               help="texts beyond max-length: truncate (with a warning) or embed overlapping windows and average")
-@click.option("--chunk-size", type=int, default=4096, show_default=True, help="records per written chunk")
+@click.option("--chunk-size", type=int, default=4096, show_default=True,
+              help="records per written chunk (--engine ray: per shard, the unit of work and of resumption)")
 @truncate_dim_option()
-@restart_option("ignore the progress of an interrupted run and start over")
+@restart_option("ignore the progress of an interrupted run and start over (--engine ray: delete its shards)")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: this process; ray: a pool of Ray actors over JSONL/Parquet/text files (a file, a directory "
+                   "or a glob); needs encoderkit[ray]")
+@click.option("--address", default=None,
+              help="--engine ray: a running cluster (auto, HOST:PORT, ray://HOST:PORT); default: start a local one")
+@click.option("--workers", type=int, default=None, help="--engine ray: actors, each with one model [default: 2]")
+@click.option("--threads-per-worker", type=int, default=None, help="--engine ray: torch threads per actor [default: 1]")
 def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: str | None, text_field: str | None,
           id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, truncate_dim: int | None,
-          restart: bool) -> None:
-    """Embed a text/JSONL/CSV file into a float32 .npy (input order) plus ids, streamed and resumable."""
+          restart: bool, engine: str, address: str | None, workers: int | None,
+          threads_per_worker: int | None) -> None:
+    """Embed records, streamed and resumable: a text/JSONL/CSV file into a float32 .npy (input order) plus ids,
+    or with --engine ray, JSONL/Parquet/text shards into Parquet shards on a Ray cluster."""
+    embedder_options = dict(dtype=dtype, max_length=max_length, long_text=long_text, truncate_dim=truncate_dim)
+    if engine == "ray":
+        from ..embeddings.distributed import embed_with_ray
+
+        if fmt is not None:
+            raise InputError("--format is for --engine local; the Ray engine reads .jsonl, .parquet and text files "
+                             "by their extension")
+        done = embed_with_ray(input_path, out_path, model=model, text_field=text_field, id_field=id_field,
+                              shard_size=chunk_size, workers=2 if workers is None else workers,
+                              threads_per_worker=1 if threads_per_worker is None else threads_per_worker,
+                              address=address, restart=restart, **embedder_options)
+        resumed = f" ({done.shards_skipped} written before)" if done.shards_skipped else ""
+        click.echo(f"wrote {done.rows:,} x {done.dimension} float32 embeddings in {done.shards} Parquet shards"
+                   f"{resumed} to {done.out_dir} ({done.seconds:,.1f} s)")
+        return
+    for option, value in (("--address", address), ("--workers", workers), ("--threads-per-worker", threads_per_worker)):
+        if value is not None:
+            raise InputError(f"{option} is an option of --engine ray")
     from ..tasks.embed import embed_file
 
     result = embed_file(input_path, out_path, model=model, fmt=fmt, text_field=text_field, id_field=id_field,
-                        chunk_size=chunk_size, resume=not restart, dtype=dtype, max_length=max_length,
-                        long_text=long_text, truncate_dim=truncate_dim)
+                        chunk_size=chunk_size, resume=not restart, **embedder_options)
     resumed = f" (resumed after {result.resumed_from:,})" if result.resumed_from else ""
     click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}{resumed}; "
                f"ids in {result.ids_path}")
@@ -80,7 +110,6 @@ def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: 
     """nDCG@10, MRR@10, Recall@1/10/100 and MAP@100 of exact cosine search with MODEL (as sentence-transformers'
     InformationRetrievalEvaluator computes them); with --rerank, of the search reranked by a cross-encoder."""
     from ..embeddings.evaluation import evaluate_retrieval, read_qrels, read_texts_tsv
-    from ..errors import InputError
     from ..tasks.embed import Embedder
 
     if batch_size <= 0:

@@ -18,7 +18,7 @@ from ..errors import DataError
 log = logging.getLogger(__name__)
 
 FORMATS = ("text", "jsonl", "csv", "tsv")
-_TEXT_KEYS = ("text", "sentence", "content", "body", "document")
+TEXT_KEYS = ("text", "sentence", "content", "body", "document")
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,9 @@ def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | 
     elif fmt == "jsonl":
         index = 0
         for number, obj in json_objects(path):
-            key = text_field or next((k for k in _TEXT_KEYS if k in obj), None)
+            key = text_field or next((k for k in TEXT_KEYS if k in obj), None)
             if key is None or key not in obj:
-                raise DataError(f"{path}:{number}: no text field ({text_field or ' / '.join(_TEXT_KEYS)})"
+                raise DataError(f"{path}:{number}: no text field ({text_field or ' / '.join(TEXT_KEYS)})"
                                 + (f"; name yours with {field_option}" if field_option and not text_field else ""))
             if not isinstance(obj[key], str):
                 raise DataError(f"{path}:{number}: field {key!r} must be a string, found {type(obj[key]).__name__}")
@@ -107,9 +107,9 @@ def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | 
             header = next(reader)
         except StopIteration:
             return
-        key = text_field or next((k for k in _TEXT_KEYS if k in header), None)
+        key = text_field or next((k for k in TEXT_KEYS if k in header), None)
         if key is None or key not in header:
-            raise DataError(f"{path}:1: no text column among {header}; name it {' / '.join(_TEXT_KEYS)}"
+            raise DataError(f"{path}:1: no text column among {header}; name it {' / '.join(TEXT_KEYS)}"
                             + (f" or give it with {field_option}" if field_option else ""))
         text_column = header.index(key)
         id_column = header.index(id_field) if id_field and id_field in header else None
