@@ -199,3 +199,34 @@ def test_tokenizer_encode_ids_is_unpadded(minilm_dir) -> None:
     ids, types = tokenizer.encode_ids(["one", "two words here"], ["pair", "x"])
     assert [len(x) for x in ids] == [len(tokenizer.encode("one", "pair")), len(tokenizer.encode("two words here", "x"))]
     assert types[0] == tokenizer.encode("one", "pair").token_type_ids
+
+
+def test_for_inference_fuses_gelu_and_residual_adds() -> None:
+    """After for_inference the exact GELU and the post-norm residual adds run inside the oneDNN products (no
+    gelu or add op left in the layers), and one sequence alone, whose SDPA output is taken as the rows without
+    a copy, still equals the plain path."""
+    from encoderkit.modeling.inference import _onednn_available
+
+    if not _onednn_available():
+        pytest.skip("this torch build has no oneDNN linear ops: nothing is fused")
+    model = random_model("bert")
+    ids, types = random_sequences(model.config, [13])
+    input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
+    with torch.no_grad():
+        plain = model(input_ids, mask, type_ids).last_hidden_state[0]
+    engine = engine_for(model, "fp32")
+    with torch.profiler.profile() as profiler:
+        ((_, hidden, _),) = list(engine.run(ids, types))
+    names = [event.name for event in profiler.events()]
+    assert "aten::gelu" not in names
+    assert names.count("aten::add") == 2  # the embeddings' position and segment terms; none in the 3 layers
+    assert (hidden - plain).abs().max() <= 1e-5
+    model.train()  # training takes the plain steps again: the same numbers without dropout
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+            if hasattr(module, "dropout_p"):  # the attention probabilities' dropout, inside SDPA
+                module.dropout_p = 0.0
+        trained = model(input_ids, mask, type_ids).last_hidden_state[0]
+    assert (trained - plain).abs().max() <= 1e-5

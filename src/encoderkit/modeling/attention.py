@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
+from .inference import fused_product
 from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
 
@@ -205,27 +206,37 @@ class SelfAttention(nn.Module):
 
     fused_projection: nn.Module | None = None  # set by ``for_inference``: the three projections pre-packed as one
 
-    def forward(self, x: torch.Tensor, context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, context: AttentionContext, residual: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention output of (rows, hidden) ``x``, plus ``residual`` when given (a post-norm layer's
+        residual add without dropout, run inside the output projection's kernel for inference)."""
         qkv = self.project(x)
         packing = context.packing
         hidden = self.num_heads * self.head_dim
-        # Runs of equal-length sequences in row order (the engine's sorted batches) write their outputs in place.
+        # Runs of equal-length sequences in row order (the engine's sorted batches) write their outputs in place;
+        # a single run (one sequence, or all of one length) takes SDPA's (count, length, heads, d) output as is.
         in_place = packing.in_row_order
-        rows = qkv.new_empty(qkv.shape[0], hidden) if in_place else None
+        single = in_place and len(packing.groups) == 1
+        rows = qkv.new_empty(qkv.shape[0], hidden) if in_place and not single else None
         outputs, probs = [], None
         for group, grid in zip(packing.groups, packing.to_grids(qkv)):
             grid = grid.view(group.count, group.length, 3, self.num_heads, self.head_dim)
             q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each (count, heads, length, head_dim)
             out, probs = self.attend_grid(q, k, v, group, context)
             out = out.transpose(1, 2)
-            if in_place:
+            if single:
+                rows = out.reshape(group.slots, hidden)  # a view: SDPA writes its output in this layout
+            elif in_place:
                 rows[group.start:group.start + group.slots].view(group.count, group.length, self.num_heads,
                                                                  self.head_dim).copy_(out)
             else:
                 outputs.append(out.reshape(group.count, group.length, hidden))
         if not in_place:
             rows = packing.from_grids(outputs) if outputs else x.new_zeros(0, hidden)
-        return self.output(rows), probs
+        if residual is None:
+            return self.output(rows), probs
+        summed = fused_product(self.output, rows, residual=residual)
+        return (summed if summed is not None else residual + self.output(rows).to(residual.dtype)), probs
 
     def attend_grid(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
                     context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:

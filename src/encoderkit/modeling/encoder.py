@@ -20,6 +20,7 @@ from ..config import EncoderConfig
 from ..errors import InputError
 from .attention import AttentionContext, RotaryTables, SelfAttention, check_attention_bias
 from .embeddings import Embeddings
+from .inference import fused_product
 from .packing import Packing
 
 
@@ -95,23 +96,33 @@ class EncoderLayer(nn.Module):
             self.attention_dropout = self.output_dropout = nn.Dropout(config.hidden_dropout_prob)
             self.inner_dropout = nn.Identity()
 
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        inner = self.ffn_in(x)
-        if self.glu:
-            value, gate = inner.chunk(2, dim=-1)
-            inner = self.activation(value) * gate
-        else:
-            inner = self.activation(inner)
-        return self.output_dropout(self.ffn_out(self.inner_dropout(inner)))
+    def mlp(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` + the MLP of ``x``. For inference (``for_inference``) the activation and the residual
+        add run inside the products' kernels where they can (``fused_product``)."""
+        fuse = not self.training
+        inner = fused_product(self.ffn_in, x, activation=self.activation.name) if fuse and not self.glu else None
+        if inner is None:
+            inner = self.ffn_in(x)
+            if self.glu:
+                value, gate = inner.chunk(2, dim=-1)
+                inner = self.activation(value) * gate
+            else:
+                inner = self.activation(inner)
+        inner = self.inner_dropout(inner)
+        out = fused_product(self.ffn_out, inner, residual=residual) if fuse else None
+        return out if out is not None else residual + self.output_dropout(self.ffn_out(inner)).to(residual.dtype)
 
     def forward(self, x: torch.Tensor, context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.pre_norm:
             attended, probs = self.attention(self.attention_norm(x), context)
             x = x + self.attention_dropout(attended).to(x.dtype)
-            return x + self.mlp(self.ffn_norm(x)).to(x.dtype), probs
-        attended, probs = self.attention(x, context)
-        x = self.attention_norm(x + self.attention_dropout(attended).to(x.dtype))
-        return self.ffn_norm(x + self.mlp(x).to(x.dtype)), probs
+            return self.mlp(self.ffn_norm(x), x), probs
+        # Without dropout the attention adds its input itself (into its output projection's kernel if it can).
+        attended, probs = self.attention(x, context, residual=None if self.training else x)
+        if self.training:
+            attended = x + self.attention_dropout(attended).to(x.dtype)
+        x = self.attention_norm(attended)
+        return self.ffn_norm(self.mlp(x, x)), probs
 
 
 class Pooler(nn.Module):

@@ -62,10 +62,27 @@ class Prepacked:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self._refresh()
-        x = x.to(self.dtype)
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
         if self.packed is not None and x.device.type == "cpu" and x.dim() == 2:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def fused(self, x: torch.Tensor, activation: str | None, residual: torch.Tensor | None) -> torch.Tensor | None:
+        """``act(x W + b)`` (exact erf GELU only) or ``x W + b + residual`` in the one oneDNN call, or None
+        where this product cannot fuse them (no packed weight, a residual of another dtype or shape)."""
+        self._refresh()
+        if self.packed is None or x.device.type != "cpu" or x.dim() != 2:
+            return None
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        if residual is not None:
+            if residual.dtype != self.dtype or residual.shape[0] != x.shape[0] or self.bias is None:
+                return None
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
+        if activation == "gelu":  # oneDNN's eltwise_gelu_erf: the exact GELU, as F.gelu
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], "none")
+        return None
 
 
 def _int8_kernel_available() -> bool:
@@ -159,6 +176,11 @@ class Int8Prepacked(Prepacked):
             except RuntimeError:  # an op missing from this build: the fp32 arithmetic
                 self.packed = None
 
+    def fused(self, x: torch.Tensor, activation: str | None, residual: torch.Tensor | None) -> None:
+        """The int8 kernel fuses nothing: the caller takes its plain steps (and this product keeps its guard's
+        error measurement and calibration)."""
+        return None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self._refresh()
         shape = x.shape
@@ -214,6 +236,24 @@ class PackedLinear(nn.Linear):
         if _wants_grad(self, x):
             return F.linear(x, self.weight, self.bias)
         return self.prepacked(x)
+
+    def fused(self, x: torch.Tensor, activation: str | None = None,
+              residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The product with ``activation`` applied, or with ``residual`` added, fused into the matrix product;
+        None where that cannot be done (training, gradients wanted, no packed weight): then the caller runs
+        the plain product and the separate step."""
+        if _wants_grad(self, x):
+            return None
+        return self.prepacked.fused(x, activation, residual)
+
+
+def fused_product(linear: nn.Module, x: torch.Tensor, *, activation: str | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``linear(x)`` with ``activation`` applied or ``residual`` added inside the product's kernel, when
+    ``linear`` was packed by ``for_inference`` and runs for inference; None otherwise (the caller then takes its
+    plain steps). The same layer code runs either way: this is a switch, not a second forward."""
+    fused = getattr(linear, "fused", None)
+    return None if fused is None or linear.training else fused(x, activation, residual)
 
 
 def _pack_linear(linear: nn.Linear, dtype: torch.dtype, int8_name: str | None = None) -> None:
@@ -292,4 +332,4 @@ def int8_layers(model: nn.Module) -> list[Int8Prepacked]:
     return found
 
 
-__all__ = ["Int8Prepacked", "PackedLinear", "for_inference", "int8_layers"]
+__all__ = ["Int8Prepacked", "PackedLinear", "for_inference", "fused_product", "int8_layers"]
