@@ -230,3 +230,21 @@ def test_for_inference_fuses_gelu_and_residual_adds() -> None:
                 module.dropout_p = 0.0
         trained = model(input_ids, mask, type_ids).last_hidden_state[0]
     assert (trained - plain).abs().max() <= 1e-5
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns_and_names_the_better_choice(monkeypatch, caplog):
+    import logging
+
+    from encoderkit import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="encoderkit.precision"):
+        assert precision.resolve_dtype("bf16") == torch.bfloat16
+        assert precision.resolve_dtype("auto") == torch.float32  # auto never picks emulated bf16
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "emulated" in warnings[0] and "--dtype auto" in warnings[0]
+    caplog.clear()
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="encoderkit.precision"):
+        assert precision.resolve_dtype("bf16") == torch.bfloat16
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
