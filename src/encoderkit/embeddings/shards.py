@@ -191,32 +191,53 @@ def _vectors(column: Any, shard: Shard) -> np.ndarray:
     return array.reshape(len(column), shard.dimension)
 
 
+class ShardWriter:
+    """Write embeddings as numbered Parquet shards, a block at a time; ``close`` writes manifest.json."""
+
+    def __init__(self, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
+        _pyarrow()
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.extra, self.entries, self.dimension = dict(extra or {}), [], None
+
+    def write(self, vectors: np.ndarray, ids: Sequence[str] | Sequence[int] | np.ndarray) -> Path:
+        """One shard holding ``vectors`` (rows, dimension) and their ``ids``."""
+        pa = _pyarrow()
+        part = np.ascontiguousarray(vectors, dtype=np.float32)
+        if part.ndim != 2:
+            raise InputError(f"vectors must be a 2-D array, found shape {part.shape}")
+        if len(ids) != len(part):
+            raise InputError(f"got {len(part)} vectors but {len(ids)} ids")
+        if self.dimension not in (None, part.shape[1]):
+            raise InputError(f"this shard has {part.shape[1]}-dim vectors, the earlier ones {self.dimension}")
+        self.dimension = part.shape[1]
+        embedding = pa.ListArray.from_arrays(
+            pa.array(np.arange(0, part.size + 1, max(1, part.shape[1]), dtype=np.int32)), pa.array(part.reshape(-1)))
+        table = pa.table({ID_COLUMN: pa.array(ids if isinstance(ids, np.ndarray) else list(ids)),
+                          EMBEDDING_COLUMN: embedding})
+        name = f"part-{len(self.entries):05d}.parquet"
+        pa.parquet.write_table(table, self.directory / name)
+        self.entries.append({"path": name, "rows": len(part)})
+        return self.directory / name
+
+    def close(self) -> Path:
+        manifest = {"format": "encoderkit-embeddings", "version": 1, "dimension": self.dimension,
+                    "count": sum(entry["rows"] for entry in self.entries), **self.extra, "shards": self.entries}
+        (self.directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        return self.directory
+
+
 def write_shards(directory: str | Path, vectors: np.ndarray, ids: Sequence[str] | Sequence[int] | np.ndarray | None
                  = None, *, rows_per_shard: int = 100_000, extra: dict[str, Any] | None = None) -> Path:
     """Write ``vectors`` (rows, dimension) with ``ids`` (default: row numbers) as Parquet shards + manifest.json."""
-    pa = _pyarrow()
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     vectors = np.asarray(vectors)
     if vectors.ndim != 2:
         raise InputError(f"vectors must be a 2-D array, found shape {vectors.shape}")
-    count, dimension = vectors.shape
     if ids is None:
-        ids = np.arange(count, dtype=np.int64)
-    if len(ids) != count:
-        raise InputError(f"got {count} vectors but {len(ids)} ids")
-    entries = []
-    for number, start in enumerate(range(0, count, rows_per_shard)):
-        part = np.ascontiguousarray(vectors[start:start + rows_per_shard], dtype=np.float32)
-        embedding = pa.ListArray.from_arrays(
-            pa.array(np.arange(0, part.size + 1, dimension, dtype=np.int32)), pa.array(part.reshape(-1)))
-        chunk_ids = ids[start:start + rows_per_shard]
-        table = pa.table({ID_COLUMN: pa.array(np.asarray(chunk_ids) if isinstance(chunk_ids, np.ndarray)
-                                              else list(chunk_ids)), EMBEDDING_COLUMN: embedding})
-        name = f"part-{number:05d}.parquet"
-        pa.parquet.write_table(table, directory / name)
-        entries.append({"path": name, "rows": len(part)})
-    manifest = {"format": "encoderkit-embeddings", "version": 1, "dimension": dimension, "count": count,
-                **(extra or {}), "shards": entries}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return directory
+        ids = np.arange(len(vectors), dtype=np.int64)
+    if len(ids) != len(vectors):
+        raise InputError(f"got {len(vectors)} vectors but {len(ids)} ids")
+    writer = ShardWriter(directory, extra)
+    for start in range(0, len(vectors), rows_per_shard):
+        writer.write(vectors[start:start + rows_per_shard], ids[start:start + rows_per_shard])
+    return writer.close()
