@@ -16,7 +16,6 @@ it touches. Builds stream: a sample for training, then one batch at a time, writ
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -348,14 +347,6 @@ class CompressedIndex(VectorIndex):
     def _load_ids(self, directory: Path) -> Sequence[str]:
         return IdColumn(directory)
 
-    @property
-    def index_bytes(self) -> int:
-        """Bytes of the FAISS index alone (what answers queries before rescoring)."""
-        faiss = _faiss()
-        if self.kind == "binary":
-            return int(faiss.serialize_index_binary(self._index).size)
-        return int(faiss.serialize_index(self._index).size)
-
 
 def rescore_candidates(queries: np.ndarray, rows: np.ndarray, vectors: np.ndarray, k: int,
                        chunk_queries: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -409,10 +400,3 @@ def build_streaming(source: VectorSource, out_dir: str | Path, *, kind: str = "i
     index._save_data(out_dir)
     index._write_meta(out_dir, source.count)
     return VectorIndex.load(out_dir)  # type: ignore[return-value]
-
-
-def index_file_bytes(directory: str | Path) -> dict[str, int]:
-    """Sizes of a saved index's files (bytes), for reports."""
-    directory = Path(directory)
-    meta = json.loads((directory / "index.json").read_text(encoding="utf-8"))
-    return {"count": meta["count"], **{p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}}
