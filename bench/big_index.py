@@ -11,6 +11,7 @@ query at a time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -60,17 +61,28 @@ def make_data(directory: Path, n: int, dim: int, queries: int, clusters: int, ch
     return query_vectors, best_rows.numpy()
 
 
-def build(shards: Path, out: Path, kind: str, extra: list[str]) -> dict:
+# Builds are started by this small process, not by the benchmark: a child's ru_maxrss includes the resident
+# memory of the process it was forked from (and exec keeps it), which for the benchmark is gigabytes.
+LAUNCHER = """
+import json, os, subprocess, sys
+for line in sys.stdin:
+    child = subprocess.Popen(json.loads(line), stdout=sys.stderr)
+    _, status, usage = os.wait4(child.pid, 0)
+    print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss]), flush=True)
+"""
+
+
+def build(launcher: subprocess.Popen, shards: Path, out: Path, kind: str, extra: list[str]) -> dict:
     """`encoderkit index` in a child process: wall seconds and peak RSS (ru_maxrss, KiB on Linux)."""
     command = [sys.executable, "-m", "encoderkit.cli", "index", str(shards), "--out", str(out), "--kind", kind, *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     start = time.perf_counter()
-    child = subprocess.Popen(command, env=env)
-    _, status, usage = os.wait4(child.pid, 0)
+    launcher.stdin.write(json.dumps(command) + "\n")
+    launcher.stdin.flush()
+    code, peak_kib = json.loads(launcher.stdout.readline())
     seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
+    if code != 0:
         sys.exit(f"build failed: {' '.join(command)}")
-    return {"build_seconds": seconds, "build_peak_rss_mib": usage.ru_maxrss / 1024}
+    return {"build_seconds": seconds, "build_peak_rss_mib": peak_kib / 1024}
 
 
 def latency(index, queries: np.ndarray) -> dict:
@@ -112,10 +124,13 @@ def main() -> None:
         print(f"wrote {args.n:,} vectors as shards, exact top 10 of {args.queries} queries in "
               f"{time.perf_counter() - start:.0f} s")
         timed = queries[:args.latency_queries]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True, env=env)
         plans = [("ivfpq", ["--rescore-multiplier", "10"]), ("int8", []), ("binary", [])]
         for kind, extra in plans:
             out = work / kind
-            built = build(work / "shards", out, kind, extra)
+            built = build(launcher, work / "shards", out, kind, extra)
             index = VectorIndex.load(out)
             facts = {"n": args.n, **built, **sizes(out, args.n)}
             if kind == "ivfpq":
@@ -145,6 +160,8 @@ def main() -> None:
                              **latency(flat, timed)})
                 print(rows[-1])
             del index
+        launcher.stdin.close()
+        launcher.wait()
     print(f"{'index':<22}{'nprobe':>7}{'rescore':>8}{'recall@10':>10}{'p50 ms':>8}{'p99 ms':>8}{'B/vec':>7}"
           f"{'build s':>8}{'peak MiB':>9}")
     for row in rows:
