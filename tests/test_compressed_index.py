@@ -137,6 +137,25 @@ def test_ivfpq_from_shards(tmp_path, shards, corpus) -> None:
     assert file_bytes / 20_000 < 0.25 * 64 * 4  # PQ8 codes + ids + centroids, against 256 bytes of float32
 
 
+@pytest.mark.parametrize("kind", ["int8", "binary"])
+def test_streamed_codes_equal_in_memory_codes(tmp_path, shards, corpus, kind) -> None:
+    """A streaming build writes the codes into one presized buffer; they must be the in-memory build's codes
+    (calibrated on all 20k vectors in both), and single queries (searched on one thread) the batch's answers."""
+    vectors, queries, _ = corpus
+    streamed = build_streaming(EmbeddingShards.open(shards), tmp_path / kind, kind=kind, train_sample=20_000,
+                               show_progress=False)
+    in_memory = build_index(vectors, kind=kind, train_sample=20_000)
+    field = "xb" if kind == "binary" else "codes"
+    assert streamed._index.ntotal == len(vectors)
+    assert np.array_equal(faiss.vector_to_array(getattr(streamed._index, field)),
+                          faiss.vector_to_array(getattr(in_memory._index, field)))
+    batch = streamed.search(queries, 10)
+    assert np.array_equal(batch.indices, in_memory.search(queries, 10).indices)
+    threads = faiss.omp_get_max_threads()
+    assert np.array_equal(np.vstack([streamed.search(q, 10).indices for q in queries[:20]]), batch.indices[:20])
+    assert faiss.omp_get_max_threads() == threads  # restored after the single-query searches
+
+
 def test_in_memory_index_saves_compact_ids(tmp_path, corpus) -> None:
     vectors, queries, _ = corpus
     index = build_index(vectors[:3000], [f"é-{i}" for i in range(3000)], kind="int8")
