@@ -4,7 +4,7 @@ Synthetic: N 384-d vectors from ``SyntheticEmbeddings`` (a decaying spectrum and
 cosine ~0.7 from their centre, like sentence embeddings) written as Parquet shards, the exact top 10 of
 held-out queries computed on the way. Each index is built by `encoderkit index SHARDS --kind K` in a
 child process whose peak resident memory comes from os.wait4 (ru_maxrss). Real: MiniLM embeddings of
-about 50k texts from /work/shared/data (embedded once, cached in bench/.cache). Searches read the saved
+20k short texts from /work/shared/data (embedded once, cached in bench/.cache). Searches read the saved
 index memory-mapped; latency is one query at a time.
 
     python bench/big_index.py [--n 1000000] [--queries 1000] [--latency-queries 200] [--real 50000]
@@ -28,16 +28,16 @@ from common import CACHE, ROOT, write_result
 NPROBES = (8, 16, 32, 64, 128)
 
 
-REAL_TEXTS = 50_000
+REAL_TEXTS = 20_000
 
 
 def real_texts(limit: int = REAL_TEXTS) -> list[str]:
-    """Distinct real texts: paragraphs of mlm_corpus (Wikipedia, SQuAD contexts, news; 40 to 1,000 characters)
+    """Distinct real texts: paragraphs of mlm_corpus (Wikipedia, SQuAD contexts, news; 40 to 300 characters)
     and SST-2 sentences (over 30 characters), in file order, up to ``limit``."""
     data = Path(os.environ.get("ENCODERKIT_DATA", "/work/shared/data"))
     seen: dict[str, None] = {}
     for line in (data / "mlm_corpus" / "train.txt").read_text(encoding="utf-8").splitlines():
-        if 40 < len(line.strip()) <= 1000:
+        if 40 < len(line.strip()) <= 300:
             seen.setdefault(line.strip())
     for line in (data / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]:
         text = line.split("\t")[0].strip()
@@ -48,7 +48,7 @@ def real_texts(limit: int = REAL_TEXTS) -> list[str]:
 
 def real_vectors(limit: int = REAL_TEXTS) -> np.ndarray:
     """MiniLM (the default embedder) vectors of ``real_texts``, computed once and cached in bench/.cache."""
-    path = CACHE / f"big_index_real_{limit}.npy"
+    path = CACHE / f"big_index_real_{limit}_v2.npy"
     if not path.is_file():
         import encoderkit as ek
 
