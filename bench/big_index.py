@@ -313,7 +313,8 @@ def render(r: dict) -> list[str]:
     lines += ["| data | index | nprobe | rescore x | recall@10 | p50 ms | p99 ms | index B/vector | float B/vector on "
               "disk | build s | build peak RSS MiB |", "|" + "---|" * 11]
     lines += ["| " + " | ".join(row) + " |" for row in table]
-    peaks = [row["build_peak_rss_mib"] for row in r["rows"] if row["index"] == "ivfpq" and row.get("build_peak_rss_mib")]
+    peaks = [row["build_peak_rss_mib"] for row in r["rows"] if row["index"] == "ivfpq" and row.get("build_peak_rss_mib")
+             and row["n"] >= 1_000_000]  # the goal is stated for 1M vectors
     if peaks:
         lines += ["", f"Goal: {r['goal']}: peak {peaks[0]:,.0f} MiB, "
                       f"**{'met' if peaks[0] < 2048 else 'not met'}**."]
