@@ -4,10 +4,10 @@ Synthetic: N 384-d vectors from ``SyntheticEmbeddings`` (a decaying spectrum and
 cosine ~0.7 from their centre, like sentence embeddings) written as Parquet shards, the exact top 10 of
 held-out queries computed on the way. Each index is built by `encoderkit index SHARDS --kind K` in a
 child process whose peak resident memory comes from os.wait4 (ru_maxrss). Real: MiniLM embeddings of
-20k short texts from /work/shared/data (embedded once, cached in bench/.cache). Searches read the saved
+12k short texts from /work/shared/data (embedded once, cached in bench/.cache). Searches read the saved
 index memory-mapped; latency is one query at a time.
 
-    python bench/big_index.py [--n 1000000] [--queries 1000] [--latency-queries 200] [--real 50000]
+    python bench/big_index.py [--n 1000000] [--queries 1000] [--latency-queries 200] [--real 12000]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from common import CACHE, ROOT, write_result
 NPROBES = (8, 16, 32, 64, 128)
 
 
-REAL_TEXTS = 20_000
+REAL_TEXTS = 12_000
 
 
 def real_texts(limit: int = REAL_TEXTS) -> list[str]:
@@ -81,7 +81,8 @@ class SyntheticEmbeddings:
     - ``noise``: isotropic, ``noise`` (0.3) times the vector's length over all 384 dimensions.
 
     With ``within`` = 1.2 the cosine of a vector to its topic centre averages 0.73 (10th-90th percentile
-    0.60-0.85), a query's nearest neighbour is at cosine 0.73, its 10th at 0.66, and IVF recall rises with
+    0.60-0.85); among 100k vectors a query's nearest neighbour is at cosine 0.73, its 10th at 0.66 (closer
+    among more vectors: see the result's neighbours), and IVF recall rises with
     nprobe as it does on real embeddings (isotropic mixtures have no neighbourhoods for IVF to find).
     """
 
