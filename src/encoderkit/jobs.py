@@ -140,8 +140,14 @@ def run_demo(model: str | Path | None, echo: Callable[[str], None] = print) -> d
 
 def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: str | Path | None = None,
                     kind: str = "exact", metric: str = "cosine", model: str | Path | None = None,
-                    texts_path: str | Path | None = None, truncate_dim: int | None = None):
-    """Index an embeddings .npy (memory-mapped) with its ids; record the query model and the texts' file.
+                    texts_path: str | Path | None = None, truncate_dim: int | None = None,
+                    show_progress: bool = True, **params: Any):
+    """Index an embeddings .npy (memory-mapped) with its ids, or a directory of Parquet shards (columns id,
+    embedding; see embeddings/shards.py); record the query model and the texts' file.
+
+    The compressed kinds (ivfpq, int8, binary; ``params`` such as nlist, pq_m, nprobe, rescore_multiplier,
+    train_sample, seed) are built streaming, in bounded memory, straight into ``out_dir``; the other kinds
+    are built in memory.
 
     ``truncate_dim`` N: the index holds the first N dimensions of each vector (full vectors are cut; vectors
     embedded with ``--truncate-dim N`` are taken as they are) and records N, so that search cuts its queries
@@ -149,21 +155,32 @@ def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: 
     from .data.readers import read_lines
     from .errors import DataError, InputError
     from .tasks.embed import check_truncate_dim
-    from .tasks.search import build_index
+    from .embeddings.compressed import COMPRESSED_KINDS, ArraySource, build_streaming
+    from .embeddings.shards import EmbeddingShards
+    from .tasks.search import KINDS, build_index
 
+    if kind not in KINDS:
+        raise InputError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
     vectors_path = Path(vectors_path)
-    if not vectors_path.is_file():
-        raise DataError(f"embeddings file not found: {vectors_path}")
-    try:
-        vectors = np.load(vectors_path, mmap_mode="r")
-    except ValueError as exc:
-        raise DataError(f"{vectors_path} is not a .npy array: {exc}") from exc
-    if vectors.ndim != 2:
-        raise DataError(f"{vectors_path} holds an array of shape {vectors.shape}; expected (rows, dimension)")
+    shards = None
+    if vectors_path.is_dir():
+        shards = EmbeddingShards.open(vectors_path)
+        width = shards.dimension
+    else:
+        if not vectors_path.is_file():
+            raise DataError(f"embeddings file not found: {vectors_path}")
+        try:
+            vectors = np.load(vectors_path, mmap_mode="r")
+        except ValueError as exc:
+            raise DataError(f"{vectors_path} is not a .npy array: {exc}") from exc
+        if vectors.ndim != 2:
+            raise DataError(f"{vectors_path} holds an array of shape {vectors.shape}; expected (rows, dimension)")
+        width = vectors.shape[1]
+    if model is None and shards is not None and shards.manifest.get("model"):
+        model = shards.manifest["model"]
     resolved = resolve_model(model)
     model_dimension = EncoderConfig.from_json_file(resolved.weights_dir / "config.json").hidden_size
     truncate_dim = check_truncate_dim(truncate_dim, model_dimension)
-    width = vectors.shape[1]
     if truncate_dim is None and width != model_dimension:
         hint = (f"; if they were embedded with --truncate-dim {width}, pass --truncate-dim {width}"
                 if width < model_dimension else "")
@@ -172,34 +189,74 @@ def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: 
     if truncate_dim is not None and width not in (truncate_dim, model_dimension):
         raise InputError(f"{vectors_path} holds {width}-dim vectors: --truncate-dim {truncate_dim} takes vectors of "
                          f"the query model's full dimension {model_dimension} or already cut to {truncate_dim}")
-    default_ids = vectors_path.with_suffix(".ids.txt")
-    ids = None
-    if ids_path is not None or default_ids.is_file():
-        ids = read_lines(ids_path or default_ids)
-        if len(ids) != len(vectors):
-            raise DataError(f"{ids_path or default_ids} has {len(ids)} ids for {len(vectors)} vectors")
-    index = build_index(vectors if truncate_dim is None else vectors[:, :truncate_dim], ids, kind=kind, metric=metric)
-    index.info = {"model": str(resolved.root), "vectors": str(vectors_path.resolve())}
+    info: dict[str, Any] = {"model": str(resolved.root), "vectors": str(vectors_path.resolve())}
     if truncate_dim is not None:
-        index.info["truncate_dim"] = truncate_dim
+        info["truncate_dim"] = truncate_dim
     if texts_path is not None:
-        index.info["texts"] = str(Path(texts_path).resolve())
+        info["texts"] = str(Path(texts_path).resolve())
+    if shards is not None:
+        if ids_path is not None:
+            raise InputError("--ids is for a .npy input; Parquet shards carry their ids in their 'id' column")
+        source = shards if truncate_dim is None or truncate_dim == width else _TruncatedSource(shards, truncate_dim)
+    else:
+        default_ids = vectors_path.with_suffix(".ids.txt")
+        ids = None
+        if ids_path is not None or default_ids.is_file():
+            ids = read_lines(ids_path or default_ids)
+            if len(ids) != len(vectors):
+                raise DataError(f"{ids_path or default_ids} has {len(ids)} ids for {len(vectors)} vectors")
+        source = ArraySource(vectors if truncate_dim is None else vectors[:, :truncate_dim], ids)
+    if kind in COMPRESSED_KINDS:
+        return build_streaming(source, out_dir, kind=kind, metric=metric, info=info, show_progress=show_progress,
+                               **params)
+    if params:
+        raise InputError(f"{', '.join(sorted(params))} apply to the kinds {', '.join(COMPRESSED_KINDS)}, not {kind}")
+    if isinstance(source, ArraySource):
+        index = build_index(source.vectors, source.ids, kind=kind, metric=metric)
+    else:
+        index = build_index(np.zeros((0, source.dimension), np.float32), kind=kind, metric=metric)
+        for batch_ids, batch in source.iter_batches():
+            index.add(batch, [str(i) for i in batch_ids])
+    index.info = info
     index.save(out_dir)
     return index
 
 
+class _TruncatedSource:
+    """Shards whose vectors are cut to their first ``dimension`` values as they are read."""
+
+    def __init__(self, shards: Any, dimension: int) -> None:
+        self.shards, self.dimension, self.count, self.id_kind = shards, dimension, shards.count, shards.id_kind
+
+    def sample(self, size: int, seed: int = 0) -> np.ndarray:
+        return np.ascontiguousarray(self.shards.sample(size, seed)[:, :self.dimension])
+
+    def iter_batches(self, batch_rows: int = 65536):
+        for ids, batch in self.shards.iter_batches(batch_rows):
+            yield ids, np.ascontiguousarray(batch[:, :self.dimension])
+
+
 def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | Path | None = None,
-               rerank: str | Path | None = None, candidates: int = 20, truncate_dim: int | None = None) -> list[dict]:
+               rerank: str | Path | None = None, candidates: int = 20, truncate_dim: int | None = None,
+               nprobe: int | None = None, rescore_multiplier: int | None = None) -> list[dict]:
     """The k nearest texts of a saved index. With ``rerank`` (a cross-encoder directory), the index's top
     ``candidates`` are re-scored by the reranker and its top k returned: each hit keeps its retrieval score as
     "retrieval_score", and "score" is the reranker's logit. The query is cut to the truncate dimension the
-    index was built with; ``truncate_dim``, if given, must be that one."""
+    index was built with; ``truncate_dim``, if given, must be that one. ``nprobe`` (ivfpq) and
+    ``rescore_multiplier`` (ivfpq, int8, binary) override the values the index was built with."""
     from .data.readers import iter_records
     from .errors import InputError
     from .tasks.embed import Embedder
     from .tasks.search import VectorIndex
 
     index = VectorIndex.load(index_dir)
+    for name, value in (("nprobe", nprobe), ("rescore_multiplier", rescore_multiplier)):
+        if value is not None:
+            if not hasattr(index, name) or (name == "nprobe" and index.kind != "ivfpq"):
+                raise InputError(f"--{name.replace('_', '-')} applies to "
+                                 f"{'ivfpq' if name == 'nprobe' else 'ivfpq, int8 and binary'} indexes; "
+                                 f"{index_dir} is {index.kind}")
+            setattr(index, name, value)
     built_with = index.info.get("truncate_dim")
     if truncate_dim is not None and truncate_dim != built_with:
         how = f"built with --truncate-dim {built_with}" if built_with else "built without --truncate-dim"

@@ -141,19 +141,39 @@ def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: 
 @click.argument("vectors_path", metavar="VECTORS")
 @out_option("directory to save the index to")
 @click.option("--ids", "ids_path", default=None, help="ids file, one per line (default: VECTORS.ids.txt if present)")
-@click.option("--kind", type=click.Choice(["exact", "hnsw", "sq8"]), default="exact", show_default=True)
+@click.option("--kind", type=click.Choice(["exact", "hnsw", "sq8", "ivfpq", "int8", "binary"]), default="exact",
+              show_default=True, help="exact, hnsw, sq8: in memory; ivfpq (IVF lists of product-quantized codes), "
+                                      "int8, binary (sign bits): streamed builds, memory-mapped at search")
 @click.option("--metric", type=click.Choice(["cosine", "ip"]), default="cosine", show_default=True)
 @model_option("model to embed queries with at search time (default: the default model)")
 @click.option("--texts", "texts_path", default=None, help="the embedded input file, to show texts in results")
 @truncate_dim_option("index the first N dimensions of each vector (VECTORS full, or embedded with --truncate-dim N); "
                      "search then cuts its queries the same way")
+@click.option("--nlist", type=int, default=None, help="ivfpq: inverted lists (default: a power of two near 4 sqrt(n), "
+                                                        "with at least 39 training vectors each)")
+@click.option("--pq-m", type=int, default=None, help="ivfpq: PQ sub-quantizers, i.e. bytes per vector (default: "
+                                                     "dimension / 8); must divide the dimension")
+@click.option("--opq", is_flag=True, help="ivfpq: learn an OPQ rotation before PQ (slower to train)")
+@click.option("--nprobe", type=int, default=None, help="ivfpq: lists scanned per query, the default for search [32]")
+@click.option("--rescore-multiplier", type=int, default=None,
+              help="ivfpq/int8/binary: retrieve k x N candidates and rescore them with the float vectors, kept "
+                   "memory-mapped beside the index [int8, binary: 4; ivfpq: 0, no float vectors kept]")
+@click.option("--train-sample", type=int, default=None,
+              help="ivfpq/int8: vectors sampled across the input to train on (IVF lists, PQ codebooks, int8 "
+                   "ranges) [100000]")
+@click.option("--seed", type=int, default=None, help="ivfpq/int8: seed of the training sample [0]")
 def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metric: str, model: str | None,
-          texts_path: str | None, truncate_dim: int | None) -> None:
-    """Build a search index from an embeddings .npy (as written by `encoderkit embed`)."""
+          texts_path: str | None, truncate_dim: int | None, nlist: int | None, pq_m: int | None, opq: bool,
+          nprobe: int | None, rescore_multiplier: int | None, train_sample: int | None, seed: int | None) -> None:
+    """Build a search index from an embeddings .npy (as written by `encoderkit embed`) or a directory of
+    Parquet shards (columns id, embedding, and a manifest.json), streamed in bounded memory."""
     from ..jobs import build_index_job
 
+    params = {name: value for name, value in (("nlist", nlist), ("pq_m", pq_m), ("opq", opq or None),
+                                              ("nprobe", nprobe), ("rescore_multiplier", rescore_multiplier),
+                                              ("train_sample", train_sample), ("seed", seed)) if value is not None}
     built = build_index_job(vectors_path, out_dir, ids_path=ids_path, kind=kind, metric=metric, model=model,
-                            texts_path=texts_path, truncate_dim=truncate_dim)
+                            texts_path=texts_path, truncate_dim=truncate_dim, **params)
     click.echo(f"indexed {len(built):,} x {built.dimension} vectors ({built.kind}, {built.metric}) -> {out_dir}")
 
 
@@ -167,14 +187,17 @@ def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metr
               help="a cross-encoder (encoderkit train-reranker) that re-scores the index's top --candidates")
 @click.option("--candidates", type=int, default=20, show_default=True, help="with --rerank: hits to re-score")
 @truncate_dim_option("the index's truncate dimension, which is the default; another one is an error")
+@click.option("--nprobe", type=int, default=None, help="ivfpq: lists scanned (default: the index's)")
+@click.option("--rescore-multiplier", type=int, default=None,
+              help="ivfpq/int8/binary: rescore k x N candidates with the float vectors (default: the index's)")
 def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool, rerank_model: str | None,
-           candidates: int, truncate_dim: int | None) -> None:
+           candidates: int, truncate_dim: int | None, nprobe: int | None, rescore_multiplier: int | None) -> None:
     """Find the nearest texts to QUERY in a saved index (optionally reranked by a cross-encoder); the query is
     cut to the dimension the index was built with (index --truncate-dim)."""
     from ..jobs import search_job
 
     hits = search_job(index_dir, query, k=k, model=model, rerank=rerank_model, candidates=candidates,
-                      truncate_dim=truncate_dim)
+                      truncate_dim=truncate_dim, nprobe=nprobe, rescore_multiplier=rescore_multiplier)
     if as_json:
         click.echo(json.dumps(hits, indent=2, ensure_ascii=False))
         return

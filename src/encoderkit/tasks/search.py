@@ -5,6 +5,10 @@ bounded. ``ApproximateIndex`` wraps FAISS: "hnsw" (a graph: fast queries on real
 neighbourhoods have structure) or "sq8" (8-bit scalar quantisation: 4x less memory, a full scan;
 it keeps recall on data without structure, where graphs fail). The choice is measured in
 BENCHMARKS.md. Indexes save to and load from a directory, giving identical results.
+
+The compressed kinds for corpora larger than memory (IVF-PQ, int8, binary; streamed builds, memory-
+mapped search, float rescoring) live in ``embeddings/compressed.py``; ``build_index`` and
+``VectorIndex.load`` serve all kinds.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import torch
 from ..errors import DataError, InputError
 
 METRICS = ("cosine", "ip")
-KINDS = ("exact", "hnsw", "sq8")
+KINDS = ("exact", "hnsw", "sq8", "ivfpq", "int8", "binary")
 
 
 @dataclass
@@ -33,7 +37,7 @@ class SearchResult:
 class VectorIndex:
     dimension: int
     metric: str = "cosine"
-    ids: list[str] = field(default_factory=list)
+    ids: Sequence[str] = field(default_factory=list)  # a list, or a memory-mapped IdColumn once loaded
     info: dict[str, Any] = field(default_factory=dict)  # free-form facts saved with the index (model, source)
     kind = "base"
 
@@ -65,6 +69,8 @@ class VectorIndex:
         if len(ids) != len(array):
             raise InputError(f"got {len(array)} vectors but {len(ids)} ids")
         self._add(array)
+        if not isinstance(self.ids, list):
+            self.ids = list(self.ids)
         self.ids.extend(str(i) for i in ids)
 
     def search(self, queries: np.ndarray | torch.Tensor, k: int = 10) -> SearchResult:
@@ -82,11 +88,14 @@ class VectorIndex:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._save_data(directory)
-        (directory / "ids.txt").write_text("".join(i.replace("\n", " ") + "\n" for i in self.ids), encoding="utf-8")
-        meta = {"kind": self.kind, "dimension": self.dimension, "metric": self.metric, "count": len(self.ids),
+        self._save_ids(directory)
+        self._write_meta(directory, len(self.ids))
+        return directory
+
+    def _write_meta(self, directory: Path, count: int) -> None:
+        meta = {"kind": self.kind, "dimension": self.dimension, "metric": self.metric, "count": count,
                 "params": self._params(), "info": self.info}
         (directory / "index.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        return directory
 
     @staticmethod
     def load(directory: str | Path) -> "VectorIndex":
@@ -98,15 +107,15 @@ class VectorIndex:
         kind = meta.get("kind")
         if kind not in KINDS:
             raise DataError(f"{meta_path}: unknown index kind {kind!r}")
-        cls = ExactIndex if kind == "exact" else ApproximateIndex
+        cls = _index_class(kind)
         params = dict(meta.get("params", {}))
-        if cls is ApproximateIndex:
+        if cls is not ExactIndex:
             params["kind"] = kind
         index = cls(dimension=meta["dimension"], metric=meta["metric"], info=meta.get("info", {}), **params)
         index._load_data(directory)
-        index.ids = (directory / "ids.txt").read_text(encoding="utf-8").splitlines()
+        index.ids = index._load_ids(directory)
         if len(index.ids) != meta["count"]:
-            raise DataError(f"{directory}: ids.txt has {len(index.ids)} ids, index.json says {meta['count']}")
+            raise DataError(f"{directory}: the index has {len(index.ids)} ids, index.json says {meta['count']}")
         return index
 
     # ----- for subclasses ---------------------------------------------------------------------
@@ -115,6 +124,22 @@ class VectorIndex:
     def _save_data(self, directory: Path) -> None: raise NotImplementedError
     def _load_data(self, directory: Path) -> None: raise NotImplementedError
     def _params(self) -> dict[str, Any]: return {}
+
+    def _save_ids(self, directory: Path) -> None:
+        (directory / "ids.txt").write_text("".join(i.replace("\n", " ") + "\n" for i in self.ids), encoding="utf-8")
+
+    def _load_ids(self, directory: Path) -> Sequence[str]:
+        return (directory / "ids.txt").read_text(encoding="utf-8").splitlines()
+
+
+def _index_class(kind: str) -> type[VectorIndex]:
+    if kind == "exact":
+        return ExactIndex
+    if kind in ("hnsw", "sq8"):
+        return ApproximateIndex
+    from ..embeddings.compressed import CompressedIndex
+
+    return CompressedIndex
 
 
 @dataclass
@@ -223,8 +248,15 @@ def build_index(vectors: np.ndarray, ids: Sequence[str] | None = None, *, kind: 
     array = np.asarray(vectors)
     if array.ndim != 2:
         raise InputError(f"vectors must be a 2-D array, found shape {array.shape}")
-    index = (ExactIndex(array.shape[1], metric, **params) if kind == "exact"
-             else ApproximateIndex(array.shape[1], metric, kind=kind, **params))
+    cls = _index_class(kind)
+    index = (ExactIndex(array.shape[1], metric, **params) if cls is ExactIndex
+             else cls(array.shape[1], metric, kind=kind, **params))
+    if cls not in (ExactIndex, ApproximateIndex) and len(array):
+        from ..embeddings.compressed import ArraySource
+
+        # compressed kinds train on a seeded sample of all the vectors, not on the first chunk
+        sample = ArraySource(array).sample(index.train_sample, index.seed)
+        index.train(index._prepare(sample, "vectors"), total=len(array))
     for start in range(0, len(array), 65536):  # bounded extra memory for a memory-mapped input
         index.add(array[start:start + 65536], None if ids is None else ids[start:start + 65536])
     return index
