@@ -198,6 +198,31 @@ def test_cli_search_on_a_shard_index(tmp_path, capsys) -> None:
     assert "--nprobe applies to ivfpq" in capsys.readouterr().err
 
 
+def test_a_ray_engine_manifest_names_the_query_model_and_an_unfinished_job_is_refused(tmp_path, capsys) -> None:
+    """The Ray engine's manifest records the model as a record (its path among its facts) and marks a job that has
+    not finished; the index reads the first and refuses the second."""
+    from encoderkit import Embedder
+    from encoderkit.hub import default_model_path
+
+    texts = ["a cat sleeps on the sofa", "stock markets fell sharply", "rain is expected tomorrow"]
+    write_shards(tmp_path / "s", Embedder.from_pretrained().encode(texts), [f"t{i}" for i in range(3)])
+    manifest_path = tmp_path / "s" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["model"] = {"name": "default", "path": str(default_model_path()), "pooling": "mean"}
+    manifest.update(complete=False, shard_count=2)
+    manifest_path.write_text(json.dumps(manifest))
+    assert main(["index", str(tmp_path / "s"), "--out", str(tmp_path / "idx"), "--kind", "int8"]) == 2
+    assert "has not finished" in capsys.readouterr().err and not (tmp_path / "idx" / "index.json").exists()
+    manifest["complete"] = True
+    manifest_path.write_text(json.dumps(manifest))
+    assert main(["index", str(tmp_path / "s"), "--out", str(tmp_path / "idx"), "--kind", "int8"]) == 0
+    info = json.loads((tmp_path / "idx" / "index.json").read_text())
+    assert Path(info["info"]["model"]).resolve() == Path(default_model_path()).resolve()
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "idx"), "a sleeping cat", "-k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["id"] == "t0"
+
+
 # ----- errors -------------------------------------------------------------------------------------
 def test_shard_errors(tmp_path, corpus) -> None:
     vectors = corpus[0][:300]

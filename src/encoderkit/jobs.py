@@ -178,6 +178,8 @@ def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: 
         width = vectors.shape[1]
     if model is None and shards is not None and shards.manifest.get("model"):
         model = shards.manifest["model"]
+        if isinstance(model, dict):  # the Ray engine records the model's facts: its path among them
+            model = model.get("path") or model.get("name")
     resolved = resolve_model(model)
     model_dimension = EncoderConfig.from_json_file(resolved.weights_dir / "config.json").hidden_size
     truncate_dim = check_truncate_dim(truncate_dim, model_dimension)

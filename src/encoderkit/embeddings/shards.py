@@ -75,6 +75,10 @@ class EmbeddingShards:
                 manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
             except json.JSONDecodeError as exc:
                 raise DataError(f"{manifest_path} is not valid JSON: {exc}") from exc
+        if manifest.get("complete") is False:  # the Ray engine records its finished shards as it goes
+            raise DataError(f"{directory} holds the shards of an embedding job that has not finished "
+                            f"({len(manifest.get('shards') or [])} of {manifest.get('shard_count', '?')} shards): "
+                            "rerun the same `encoderkit embed` command to finish it, then build the index")
         listed = manifest.get("shards") or []
         if listed:
             paths = [directory / (entry if isinstance(entry, str) else entry.get("path") or entry.get("file", ""))
