@@ -30,7 +30,7 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(registry: ModelRegistry, settings: ServerSettings, *, host: str = "127.0.0.1", port: int = 8080,
-          log_level: str = "info") -> int:
+          log_level: str = "info", steady_memory: bool = False) -> int:
     """Serve until stopped; 0 after a graceful stop."""
     import uvicorn
 
@@ -39,7 +39,8 @@ def serve(registry: ModelRegistry, settings: ServerSettings, *, host: str = "127
     if not is_loopback(host) and settings.api_key is None:
         log.warning("listening on %s without an API key: anyone who reaches this address can use the models "
                     "(set --api-key or ENCODERKIT_API_KEY)", host)
-    steady_memory()
+    if steady_memory:
+        return_large_blocks()
     config = uvicorn.Config(create_app(registry, settings), host=host, port=port, log_level=log_level,
                             lifespan="on", server_header=False, proxy_headers=False)
     server = uvicorn.Server(config)
@@ -56,14 +57,16 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 LARGE_BLOCK = 128 * 1024
 
 
-def steady_memory() -> bool:
+def return_large_blocks() -> bool:
     """Keep a long-running server's resident memory flat: blocks of 128 KiB and more (activations) are mapped and
     returned to the system when freed, and freed memory at the heap's top is released.
 
     Why: batches of every size come and go; glibc raises its mmap threshold after the first large free (up to
     32 MiB), so activations then come from the heap, whose free pieces of odd sizes are kept. Measured with
     bench/serve_load.py's soak (8 clients, all-MiniLM-L6-v2): resident memory climbed from 350 MiB to a 2.0 GiB
-    plateau after about two minutes; with these settings it stays at about 870 MiB from the first 30 s. A user who
+    plateau after about two minutes; with these settings it stays at about 870 MiB from the first 30 s, but the
+    server's throughput fell by about 30% (each large block is mapped and faulted in anew), hence opt-in
+    (``--steady-memory``). A user who
     sets MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ keeps their own choice. Not glibc: nothing changes."""
     if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
         return False
