@@ -9,7 +9,7 @@ indices of its sequences, so the caller restores input order.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from torch import nn
 
 from .modeling.encoder import EncoderModel
 from .modeling.inference import for_inference
-from .modeling.packing import Packing, plan_batches
+from .modeling.packing import Packing, plan_batches, pool_packed
 from .precision import Precision
 from .progress import Progress
 
@@ -33,17 +33,24 @@ class Engine:
         self.precision = precision
         self.max_batch_size = max_batch_size
         self.quantization = None
-        for_inference(encoder, precision.dtype)
-        if precision.int8:
-            def quantize() -> None:
-                for_inference(encoder, precision.dtype, int8=True, fp32_layers=precision.fp32_layers)
+        for_inference(encoder, precision.dtype, int8=precision.int8, fp32_layers=precision.fp32_layers)
+        if precision.int8 and calibration:
+            from .quantization import measure_int8
 
-            if calibration:
-                from .quantization import measure_int8
+            self.quantization = measure_int8(self, [list(x) for x in calibration])
 
-                self.quantization = measure_int8(self, [list(x) for x in calibration], quantize)
-            else:
-                quantize()
+    def pooled(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
+               pooling: str = "mean", max_batch_size: int | None = None,
+               progress: Callable[[int], None] | None = None) -> torch.Tensor:
+        """(sequences, hidden) fp32 pooled final states (``pooling``: a ``modeling.packing.pool_packed`` mode),
+        in input order; ``progress`` is called with each batch's sequence count."""
+        out = torch.zeros(len(ids), self.encoder.config.hidden_size, dtype=torch.float32)
+        if len(ids):
+            for indices, hidden, packing in self.run(ids, types, max_batch_size=max_batch_size):
+                out[torch.from_numpy(indices)] = pool_packed(hidden, packing, pooling)
+                if progress is not None:
+                    progress(len(indices))
+        return out
 
     def run(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
             max_batch_size: int | None = None, progress: str | None = None

@@ -15,7 +15,6 @@ log = logging.getLogger(__name__)
 
 _NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 DTYPE_CHOICES = ("fp32", "bf16", "auto")
-INFERENCE_DTYPE_CHOICES = ("fp32", "bf16", "int8", "auto")  # int8: opt-in, never chosen by auto (not exact)
 
 
 @functools.lru_cache(maxsize=1)

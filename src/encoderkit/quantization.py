@@ -109,25 +109,17 @@ class QuantizationReport:
                 f"fp32_layers=[...]) in Python; the worst are {worst}")
 
 
-def measure_int8(engine, ids: list[list[int]], quantize) -> QuantizationReport:
-    """Calls ``quantize()`` (which makes ``engine``'s linears int8), runs ``ids`` through them observing (exact
-    fp32 products, and the range of each input channel), smooths them (``engine.precision.smoothing``), runs
-    again in int8, and compares. ``engine``: an ``encoderkit.engine.Engine``."""
+def measure_int8(engine, ids: list[list[int]]) -> QuantizationReport:
+    """Runs ``ids`` through ``engine``'s int8 linears observing (exact fp32 products, and the range of each input
+    channel), smooths them (``engine.precision.smoothing``), runs again in int8, and compares the mean-pooled
+    vectors. ``engine``: an ``encoderkit.engine.Engine`` prepared with int8 linears."""
     from .modeling.inference import int8_layers
-    from .modeling.packing import pool_packed
 
-    def pooled() -> torch.Tensor:
-        out = torch.zeros(len(ids), engine.encoder.config.hidden_size)
-        for indices, hidden, packing in engine.run(ids):
-            out[torch.from_numpy(indices)] = pool_packed(hidden, packing, "mean")
-        return out
-
-    quantize()
     layers = int8_layers(engine.encoder)
     for layer in layers:
         layer.observing = True
     try:
-        reference = pooled()
+        reference = engine.pooled(ids)
     finally:
         for layer in layers:
             layer.observing = False
@@ -137,7 +129,7 @@ def measure_int8(engine, ids: list[list[int]], quantize) -> QuantizationReport:
             alphas[layer.name] = layer.smooth(SMOOTHING_CHOICES)
         layer.errors = []
     try:
-        cosine = torch.nn.functional.cosine_similarity(pooled(), reference, dim=1)
+        cosine = torch.nn.functional.cosine_similarity(engine.pooled(ids), reference, dim=1)
         errors = {layer.name: max(layer.errors) for layer in layers if layer.errors}
     finally:
         for layer in layers:

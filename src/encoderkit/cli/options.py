@@ -11,7 +11,6 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 MODEL_HELP = "model directory (HF format or sentence-transformers); default: all-MiniLM-L6-v2"
 DTYPE_HELP = ("fp32 (exact), bf16 (faster, slightly less exact), int8 (int8 linear layers: fastest, least exact; "
               "warns when a model loses too much), auto (bf16 where the CPU runs it natively; never int8)")
-TRAIN_DTYPE_HELP = "fp32 (exact), bf16 (faster, slightly less exact), auto (bf16 where the CPU runs it natively)"
 DTYPES = ("fp32", "bf16", "int8", "auto")  # inference; training commands pass TRAIN_DTYPES
 TRAIN_DTYPES = ("fp32", "bf16", "auto")
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
-from .inference import fused_product
+from .inference import plus_product
 from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
 
@@ -200,6 +200,10 @@ class SelfAttention(nn.Module):
             return self.qkv(x)
         if self.fused_projection is not None:
             return self.fused_projection(x)
+        return self.separate_projection(x)
+
+    def separate_projection(self, x: torch.Tensor) -> torch.Tensor:
+        """The product with the three separate matrices (the training path, gradients to each)."""
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
         bias = None if self.query.bias is None else torch.cat([self.query.bias, self.key.bias, self.value.bias])
         return linear(x, weight, bias)
@@ -235,8 +239,7 @@ class SelfAttention(nn.Module):
             rows = packing.from_grids(outputs) if outputs else x.new_zeros(0, hidden)
         if residual is None:
             return self.output(rows), probs
-        summed = fused_product(self.output, rows, residual=residual)
-        return (summed if summed is not None else residual + self.output(rows).to(residual.dtype)), probs
+        return plus_product(residual, self.output, rows), probs
 
     def attend_grid(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
                     context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -20,7 +20,7 @@ from ..config import EncoderConfig
 from ..errors import InputError
 from .attention import AttentionContext, RotaryTables, SelfAttention, check_attention_bias
 from .embeddings import Embeddings
-from .inference import fused_product
+from .inference import fused_product, plus_product
 from .packing import Packing
 
 
@@ -99,8 +99,7 @@ class EncoderLayer(nn.Module):
     def mlp(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual`` + the MLP of ``x``. For inference (``for_inference``) the activation and the residual
         add run inside the products' kernels where they can (``fused_product``)."""
-        fuse = not self.training
-        inner = fused_product(self.ffn_in, x, activation=self.activation.name) if fuse and not self.glu else None
+        inner = None if self.glu else fused_product(self.ffn_in, x, activation=self.activation.name)
         if inner is None:
             inner = self.ffn_in(x)
             if self.glu:
@@ -108,9 +107,7 @@ class EncoderLayer(nn.Module):
                 inner = self.activation(value) * gate
             else:
                 inner = self.activation(inner)
-        inner = self.inner_dropout(inner)
-        out = fused_product(self.ffn_out, inner, residual=residual) if fuse else None
-        return out if out is not None else residual + self.output_dropout(self.ffn_out(inner)).to(residual.dtype)
+        return plus_product(residual, self.ffn_out, self.inner_dropout(inner), self.output_dropout)
 
     def forward(self, x: torch.Tensor, context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.pre_norm:

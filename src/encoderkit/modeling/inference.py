@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from .training_linear import linear
 
 
 def _onednn_available() -> bool:
@@ -70,19 +71,22 @@ class Prepacked:
 
     def fused(self, x: torch.Tensor, activation: str | None, residual: torch.Tensor | None) -> torch.Tensor | None:
         """``act(x W + b)`` (exact erf GELU only) or ``x W + b + residual`` in the one oneDNN call, or None
-        where this product cannot fuse them (no packed weight, a residual of another dtype or shape)."""
+        where this product cannot fuse them (no packed weight, another activation, a residual of another dtype
+        or shape), decided before any work so that the caller's plain steps repeat nothing."""
+        if residual is None and activation != "gelu":  # oneDNN's eltwise_gelu_erf: the exact GELU, as F.gelu
+            return None
+        if residual is not None and (residual.dtype != self.dtype or residual.shape[0] != x.shape[0]):
+            return None
+        if x.device.type != "cpu" or x.dim() != 2:
+            return None
         self._refresh()
-        if self.packed is None or x.device.type != "cpu" or x.dim() != 2:
+        if self.packed is None or (residual is not None and self.bias is None):
             return None
         if x.dtype != self.dtype:
             x = x.to(self.dtype)
         if residual is not None:
-            if residual.dtype != self.dtype or residual.shape[0] != x.shape[0] or self.bias is None:
-                return None
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
-        if activation == "gelu":  # oneDNN's eltwise_gelu_erf: the exact GELU, as F.gelu
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], "none")
-        return None
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "gelu", [], "none")
 
 
 def _int8_kernel_available() -> bool:
@@ -154,9 +158,7 @@ class Int8Prepacked(Prepacked):
             smoothing = None if alpha is None else \
                 (self.observed.clamp_min(1e-5).pow(alpha) / weight_max.pow(1 - alpha)).clamp(1e-3, 1e3)
             inverse = None if smoothing is None else 1.0 / smoothing
-            quantized, scales = _int8_weight(self.weight, smoothing)
-            codes, scale, zero_point = _uint8_rows(rows, inverse)
-            approx = F.linear((codes - zero_point) * scale, quantized.float() * scales[:, None], self.bias)
+            approx = _int8_arithmetic(rows, _dequantized(*_int8_weight(self.weight, smoothing)), self.bias, inverse)
             error = float((approx - exact).norm())
             if error < best_error:
                 best, best_error = (alpha, smoothing, inverse), error
@@ -175,6 +177,8 @@ class Int8Prepacked(Prepacked):
                 self.packed = _onednn_prepack(self.quantized, self.scales, self.bias)
             except RuntimeError:  # an op missing from this build: the fp32 arithmetic
                 self.packed = None
+        # without the int8 kernel: the same arithmetic in fp32, with the weight dequantised once here
+        self.dequantized = _dequantized(self.quantized, self.scales) if self.packed is None else None
 
     def fused(self, x: torch.Tensor, activation: str | None, residual: torch.Tensor | None) -> None:
         """The int8 kernel fuses nothing: the caller takes its plain steps (and this product keeps its guard's
@@ -196,8 +200,7 @@ class Int8Prepacked(Prepacked):
             scaled = rows if self.inverse_smoothing is None else rows * self.inverse_smoothing
             out = torch.ops.quantized.linear_dynamic(scaled.contiguous(), self.packed, False)
         else:
-            codes, scale, zero_point = _uint8_rows(rows, self.inverse_smoothing)
-            out = F.linear((codes - zero_point) * scale, self.quantized.float() * self.scales[:, None], self.bias)
+            out = _int8_arithmetic(rows, self.dequantized, self.bias, self.inverse_smoothing)
         if self.errors is not None:
             exact = F.linear(rows, self.weight, self.bias)
             self.errors.append(float((out - exact).norm() / exact.norm().clamp_min(1e-12)))
@@ -209,6 +212,17 @@ def _int8_weight(weight: torch.Tensor, smoothing: torch.Tensor | None) -> tuple[
     scaled = weight if smoothing is None else weight * smoothing
     scales = (scaled.abs().amax(dim=1) / 127).clamp_min(1e-12)
     return torch.round(scaled / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
+
+
+def _dequantized(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return quantized.float() * scales[:, None]
+
+
+def _int8_arithmetic(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor | None,
+                     inverse_smoothing: torch.Tensor | None) -> torch.Tensor:
+    """The int8 product computed in fp32: rows quantised to uint8 codes, times the dequantised int8 weight."""
+    codes, scale, zero_point = _uint8_rows(rows, inverse_smoothing)
+    return F.linear((codes - zero_point) * scale, dequantized, bias)
 
 
 def _uint8_rows(rows: torch.Tensor, inverse_smoothing: torch.Tensor | None) -> tuple[torch.Tensor, float, int]:
@@ -233,8 +247,8 @@ class PackedLinear(nn.Linear):
     prepacked: Prepacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _wants_grad(self, x):
-            return F.linear(x, self.weight, self.bias)
+        if _wants_grad(self, x):  # training: the training product (oneDNN where it is faster)
+            return linear(x, self.weight, self.bias)
         return self.prepacked(x)
 
     def fused(self, x: torch.Tensor, activation: str | None = None,
@@ -256,6 +270,16 @@ def fused_product(linear: nn.Module, x: torch.Tensor, *, activation: str | None 
     return None if fused is None or linear.training else fused(x, activation, residual)
 
 
+def plus_product(residual: torch.Tensor, linear: nn.Module, x: torch.Tensor,
+                 dropout: nn.Module | None = None) -> torch.Tensor:
+    """``residual + dropout(linear(x))``, the add run inside the product's kernel where ``fused_product`` can."""
+    summed = fused_product(linear, x, residual=residual)
+    if summed is not None:
+        return summed
+    out = linear(x)
+    return residual + (out if dropout is None else dropout(out)).to(residual.dtype)
+
+
 def _pack_linear(linear: nn.Linear, dtype: torch.dtype, int8_name: str | None = None) -> None:
     linear.__class__ = PackedLinear
     linear.prepacked = Prepacked([linear.weight], [linear.bias], dtype) if int8_name is None else \
@@ -274,10 +298,7 @@ class _FusedQKV:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if _wants_grad(self.attention.query, x):
-            weight = torch.cat([self.attention.query.weight, self.attention.key.weight, self.attention.value.weight])
-            bias = None if self.attention.query.bias is None else torch.cat(
-                [self.attention.query.bias, self.attention.key.bias, self.attention.value.bias])
-            return F.linear(x, weight, bias)
+            return self.attention.separate_projection(x)
         return self.prepacked(x)
 
 
@@ -332,4 +353,4 @@ def int8_layers(model: nn.Module) -> list[Int8Prepacked]:
     return found
 
 
-__all__ = ["Int8Prepacked", "PackedLinear", "for_inference", "fused_product", "int8_layers"]
+__all__ = ["Int8Prepacked", "PackedLinear", "for_inference", "fused_product", "int8_layers", "plus_product"]

@@ -23,18 +23,15 @@ import torch
 from ..errors import InputError
 
 
-def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype,
-                 always: bool = False) -> torch.Tensor | None:
-    """An additive key mask of shape (batch, 1, 1, keys): 0 for real tokens, the dtype's minimum for padding.
-
-    Returns None when nothing is padded, so SDPA can take its unmasked kernel, unless ``always`` (a traced
-    graph must not depend on the values of the mask). The minimum (not -inf) keeps a fully padded row finite,
-    as transformers does.
+def padding_bias(key_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """An additive key mask of shape (batch, 1, 1, keys): 0 for real tokens, the dtype's minimum for padding;
+    None for no mask. The callers pass None where nothing is padded, so SDPA can take its unmasked kernel. The
+    minimum (not -inf) keeps a fully padded row finite, as transformers does.
     """
-    if attention_mask is None or (not always and bool(attention_mask.all())):
+    if key_mask is None:
         return None
-    keep = attention_mask[:, None, None, :].to(torch.bool)
-    bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
+    keep = key_mask[:, None, None, :].to(torch.bool)
+    bias = torch.zeros(keep.shape, dtype=dtype, device=key_mask.device)
     return bias.masked_fill(~keep, torch.finfo(dtype).min)
 
 
@@ -220,7 +217,7 @@ class Packing:
             attention_mask = torch.ones(batch, length, dtype=torch.long, device=device)
         mask = attention_mask.to(torch.bool)
         key_mask = mask if traceable or not bool(mask.all()) else None
-        bias = combine_biases(padding_bias(attention_mask, dtype, always=traceable), extra_bias)
+        bias = combine_biases(padding_bias(key_mask, dtype), extra_bias)
         group = AttentionGroup(batch, length, key_mask, bias)
         lengths = mask.sum(1)
         positions = torch.arange(length, device=mask.device).repeat(batch)

@@ -21,7 +21,6 @@ from ..errors import DataError, InputError
 from ..hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..engine import engine_for
-from ..modeling.packing import pool_packed
 from ..modeling.packing import pool_padded as pool  # noqa: F401 (encoderkit.tasks.embed.pool, the padded pooling)
 from ..st_format import POOLING_MODES
 from ..tokenizer import Tokenizer
@@ -177,13 +176,7 @@ class Embedder:
                       batch_size: int | None = None, progress: Callable[[int], None] | None = None) -> torch.Tensor:
         """Pooled, unnormalised vectors of sequences tokenised by the caller (one row each, in input order):
         for a caller that tokenises anyway (the server counts tokens and checks lengths before queueing)."""
-        out = torch.zeros(len(ids), self.model.config.hidden_size, dtype=torch.float32)
-        if len(ids):
-            for batch_indices, hidden, batch in self.engine.run(ids, types, max_batch_size=batch_size):
-                out[torch.from_numpy(batch_indices)] = pool_packed(hidden, batch, self.pooling)
-                if progress is not None:
-                    progress(len(batch_indices))
-        return out
+        return self.engine.pooled(ids, types, pooling=self.pooling, max_batch_size=batch_size, progress=progress)
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
