@@ -125,15 +125,19 @@ def iter_records(path: str | Path, *, fmt: str | None = None, text_field: str | 
 def json_objects(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file."""
     for number, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}:{number}: expected a JSON object, found {type(obj).__name__}")
-        yield number, obj
+        if line.strip():
+            yield number, parse_json_line(line, path, number)
+
+
+def parse_json_line(text: str, path: Path | str, number: int) -> dict:
+    """The JSON object on line ``number`` of ``path``; a DataError naming the place if it is not one."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}:{number}: expected a JSON object, found {type(obj).__name__}")
+    return obj
 
 
 class _LineStream(io.TextIOBase):

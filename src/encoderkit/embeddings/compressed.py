@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import DataError, InputError
 from ..tasks.search import VectorIndex, _faiss
 from .quantization import calibration_ranges, quantize_ubinary, quantize_uint8
+from .shards import sample_rows
 
 COMPRESSED_KINDS = ("ivfpq", "int8", "binary")
 MIN_POINTS_PER_CENTROID = 39  # FAISS's k-means minimum: fewer training points per centroid give poor centroids
@@ -148,9 +149,7 @@ class ArraySource:
         self.id_kind = "int" if self.ids is None else "string"
 
     def sample(self, size: int, seed: int = 0) -> np.ndarray:
-        size = min(size, self.count)
-        rows = np.sort(np.random.default_rng(seed).choice(self.count, size=size, replace=False))
-        return np.asarray(self.vectors[rows], dtype=np.float32)
+        return np.asarray(self.vectors[sample_rows(self.count, size, seed)], dtype=np.float32)
 
     def iter_batches(self, batch_rows: int = 65536) -> Iterator[tuple[Any, np.ndarray]]:
         for start in range(0, self.count, batch_rows):

@@ -29,8 +29,8 @@ import numpy as np
 from .. import errors as errors_module
 from ..errors import EncoderkitError, InputError
 from ..security.provenance import sha256_file
-from .shard_plan import (MANIFEST, Plan, Shard, new_manifest, plan_shards, prepare_output, read_shard, write_json_atomically,
-                     write_shard)
+from .shard_plan import (MANIFEST, InputShard, Plan, new_manifest, plan_shards, prepare_output, read_shard,
+                         write_json_atomically, write_shard)
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,12 @@ class ShardEmbedder:
                 "error": np.asarray(errors, dtype=object)}
 
 
-def shard_from_row(row: dict[str, Any]) -> Shard:
-    """A Shard from a row of the descriptor dataset (numpy scalars, and None that may come back as NaN/None)."""
+def shard_from_row(row: dict[str, Any]) -> InputShard:
+    """An InputShard from a row of the descriptor dataset (numpy scalars, and None that may come back as NaN/None)."""
     def text(value: Any) -> str | None:
         return None if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
 
-    return Shard(index=int(row["index"]), path=str(row["path"]), format=str(row["format"]), start=int(row["start"]),
+    return InputShard(index=int(row["index"]), path=str(row["path"]), format=str(row["format"]), start=int(row["start"]),
                  rows=int(row["rows"]), text_field=text(row["text_field"]), id_field=text(row["id_field"]),
                  id_prefix=str(row["id_prefix"]), offset=int(row["offset"]), line=int(row["line"]))
 
@@ -177,8 +177,8 @@ def embed_with_ray(input_spec: str | Path, out_dir: str | Path, *, model: str | 
                                   time.perf_counter() - start_time)
 
 
-def _run_pipeline(pending: list[Shard], model: str | Path | None, embedder_options: dict[str, Any], *, workers: int,
-                  threads: int, batch_size: int) -> Iterator[tuple[Shard, list[str], np.ndarray]]:
+def _run_pipeline(pending: list[InputShard], model: str | Path | None, embedder_options: dict[str, Any], *, workers: int,
+                  threads: int, batch_size: int) -> Iterator[tuple[InputShard, list[str], np.ndarray]]:
     """Map the pending shards over the actor pool; yield each shard once all of its rows came back."""
     import ray.data
 
@@ -198,7 +198,7 @@ def _run_pipeline(pending: list[Shard], model: str | Path | None, embedder_optio
 
 
 def collect_shards(batches: Iterable[dict[str, np.ndarray]],
-                   pending: list[Shard]) -> Iterator[tuple[Shard, list[str], np.ndarray]]:
+                   pending: list[InputShard]) -> Iterator[tuple[InputShard, list[str], np.ndarray]]:
     """Group the actors' output rows (in any order, a shard possibly split over batches) by shard; yield each
     shard once all of its rows are in. An error an actor returned is raised here, as the encoderkit error."""
     by_index = {shard.index: shard for shard in pending}

@@ -10,6 +10,7 @@ records which shards are done. A rerun skips those: no id is written twice.
 
 Nothing here imports Ray: the planning, the reading of one shard, the writing and the manifest are plain
 Python, used by the Ray job (``encoderkit.embeddings.distributed``) and by readers of its output (``read_shards``).
+The output's layout (columns, manifest name and format) is ``encoderkit.embeddings.shards``'s.
 """
 from __future__ import annotations
 
@@ -23,19 +24,19 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..data.readers import TEXT_KEYS
+from ..data.readers import TEXT_KEYS, parse_json_line
 from ..errors import DataError, InputError
 from ..security.provenance import sha256_file
+from .shards import (MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION, EmbeddingShards, load_manifest,
+                     write_embedding_table, write_json_atomically)
 
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT, MANIFEST_VERSION = "encoderkit-embeddings", 1
 SHARD_PATTERN = "shard-{index:06d}.parquet"
 # Input formats by file suffix; any other suffix of a file named on its own is read as text (one per line).
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 
 
 @dataclass(frozen=True)
-class Shard:
+class InputShard:
     """Rows ``start`` .. ``start + rows`` of one input file; ``offset``/``line``: where its first row begins
     (byte offset and 1-based line number; text and JSONL files only)."""
     index: int
@@ -75,7 +76,7 @@ class InputFile:
 @dataclass
 class Plan:
     files: list[InputFile]
-    shards: list[Shard]
+    shards: list[InputShard]
     shard_size: int
 
     @property
@@ -134,12 +135,12 @@ def plan_shards(spec: str | Path, *, shard_size: int, text_field: str | None = N
     files = [_scan(path, str(path.relative_to(root)), shard_size, text_field, id_field) for path in paths]
     if sum(f.rows for f in files) == 0:
         raise DataError(f"{spec} holds no records to embed")
-    shards: list[Shard] = []
+    shards: list[InputShard] = []
     several = len(files) > 1
     for f in files:
         for number, start in enumerate(range(0, f.rows, shard_size)):
             offset, line = f.starts[number] if f.starts else (0, 1)
-            shards.append(Shard(index=len(shards), path=f.path, format=f.format, start=start,
+            shards.append(InputShard(index=len(shards), path=f.path, format=f.format, start=start,
                                 rows=min(shard_size, f.rows - start), text_field=f.text_field, id_field=f.id_field,
                                 id_prefix=f"{f.name}:" if several else "", offset=offset, line=line))
     return Plan(files, shards, shard_size)
@@ -206,19 +207,13 @@ def _fields(names: list[str], path: Path, text_field: str | None, id_field: str 
 
 def _json_object(raw: bytes, path: Path | str, line: int) -> dict:
     text = raw.decode("utf-8", errors="replace")  # as encoderkit.data.readers: bad bytes become U+FFFD
-    try:
-        obj = json.loads(text.lstrip("\ufeff") if line == 1 else text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{line}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}:{line}: expected a JSON object, found {type(obj).__name__}")
-    return obj
+    return parse_json_line(text.lstrip("\ufeff") if line == 1 else text, path, line)
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading one shard
 # ---------------------------------------------------------------------------------------------
-def read_shard(shard: Shard) -> tuple[list[str], list[str]]:
+def read_shard(shard: InputShard) -> tuple[list[str], list[str]]:
     """(ids, texts) of one shard, read straight from its place in the input file."""
     path = Path(shard.path)
     if not path.is_file():
@@ -257,7 +252,7 @@ def read_shard(shard: Shard) -> tuple[list[str], list[str]]:
     return ids, texts
 
 
-def _read_parquet_rows(shard: Shard) -> tuple[list[str], list[str]]:
+def _read_parquet_rows(shard: InputShard) -> tuple[list[str], list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -290,70 +285,36 @@ def _read_parquet_rows(shard: Shard) -> tuple[list[str], list[str]]:
 # ---------------------------------------------------------------------------------------------
 # Writing shards and the manifest
 # ---------------------------------------------------------------------------------------------
-def write_shard(out_dir: Path, shard: Shard, ids: list[str], vectors: np.ndarray) -> dict[str, Any]:
+def write_shard(out_dir: Path, shard: InputShard, ids: list[str], vectors: np.ndarray) -> dict[str, Any]:
     """Write one output shard (temporary name, fsync, rename) and return its manifest entry."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if vectors.ndim != 2 or len(vectors) != len(ids) or len(ids) != shard.rows:
         raise InputError(f"shard {shard.index}: expected {shard.rows} ids and vectors, found {len(ids)} ids and "
                          f"an array of shape {vectors.shape}")
-    offsets = pa.array(np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32))
-    table = pa.table({"id": pa.array(ids, type=pa.string()),
-                      "embedding": pa.ListArray.from_arrays(offsets, pa.array(vectors.reshape(-1)))})
-    final = out_dir / shard.file_name
-    tmp = final.with_name(final.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        pq.write_table(table, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, final)
+    write_embedding_table(out_dir / shard.file_name, [str(i) for i in ids], vectors)
     return shard_entry(shard, ids)
 
 
-def shard_entry(shard: Shard, ids: list[str]) -> dict[str, Any]:
+def shard_entry(shard: InputShard, ids: list[str]) -> dict[str, Any]:
     return {"index": shard.index, "path": shard.file_name, "rows": shard.rows, "input": shard.path,
             "input_start": shard.start,
             "ids": {"count": len(ids), "first": ids[0], "last": ids[-1], "min": min(ids), "max": max(ids)}}
 
 
-def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
-    path = Path(out_dir) / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path} is not valid JSON ({exc}); delete the directory or rerun with --restart") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT \
-            or manifest.get("version") != MANIFEST_VERSION:
-        raise DataError(f"{path} is not an encoderkit embeddings manifest (format {MANIFEST_FORMAT!r}, "
-                        f"version {MANIFEST_VERSION})")
-    return manifest
+    """The Ray engine's manifest in ``out_dir`` (None: there is none), finished or not."""
+    return load_manifest(out_dir, strict=True, require_complete=False)
 
 
 def read_shards(out_dir: str | Path, *, require_complete: bool = True) -> Iterator[tuple[list[str], np.ndarray]]:
     """(ids, float32 matrix) of each shard written into ``out_dir``, in shard order."""
-    import pyarrow.parquet as pq
-
-    out_dir = Path(out_dir)
-    manifest = read_manifest(out_dir)
+    manifest = load_manifest(out_dir, strict=True, require_complete=require_complete)
     if manifest is None:
         raise DataError(f"{out_dir} holds no {MANIFEST}: not the output of `encoderkit embed --engine ray`")
-    if require_complete and not manifest.get("complete"):
-        raise DataError(f"{out_dir} holds an unfinished job ({len(manifest['shards'])} of {manifest['shard_count']} "
-                        "shards): rerun the same embed command to finish it")
-    for entry in manifest["shards"]:
-        table = pq.read_table(out_dir / entry["path"])
-        flat = table.column("embedding").combine_chunks().flatten().to_numpy()
-        yield table.column("id").to_pylist(), flat.reshape(table.num_rows, manifest["dimension"])
+    shards = EmbeddingShards.open(out_dir, manifest)
+    for shard in shards.shards:
+        parts = list(shards.shard_batches(shard, batch_rows=max(1, shard.rows)))
+        yield ([str(i) for part, _ in parts for i in part],
+               np.concatenate([v for _, v in parts]) if parts else np.zeros((0, shards.dimension), np.float32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +335,7 @@ def new_manifest(plan: Plan, model: dict[str, Any], dimension: int) -> dict[str,
 
 
 def prepare_output(out_dir: str | Path, manifest: dict[str, Any], plan: Plan, *, restart: bool = False,
-                   write: bool = True) -> tuple[dict[str, Any], list[Shard]]:
+                   write: bool = True) -> tuple[dict[str, Any], list[InputShard]]:
     """Ready ``out_dir`` for the job ``manifest`` describes: a new directory, the same job to resume (its
     finished shards kept), or, with ``restart``, this job's files removed. Refuses a directory that holds
     another job or other files. Returns the manifest to continue and the shards still to embed; ``write=False``
@@ -427,7 +388,7 @@ def _identity(manifest: dict[str, Any], key: str) -> Any:
     return value
 
 
-def _adopt(path: Path, shard: Shard) -> dict[str, Any] | None:
+def _adopt(path: Path, shard: InputShard) -> dict[str, Any] | None:
     """The manifest entry of a complete shard file that the manifest does not list yet (None: not usable)."""
     import pyarrow.parquet as pq
 

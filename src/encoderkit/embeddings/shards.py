@@ -14,6 +14,7 @@ order. Rows are read a batch at a time, so memory stays bounded whatever the sha
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -24,6 +25,7 @@ from ..errors import DataError, InputError
 
 ID_COLUMN, EMBEDDING_COLUMN = "id", "embedding"
 MANIFEST = "manifest.json"
+MANIFEST_FORMAT, MANIFEST_VERSION = "encoderkit-embeddings", 1
 
 
 def _pyarrow():
@@ -64,21 +66,15 @@ class EmbeddingShards:
         return "int" if all(shard.id_kind == "int" for shard in self.shards) else "string"
 
     @classmethod
-    def open(cls, directory: str | Path) -> "EmbeddingShards":
+    def open(cls, directory: str | Path, manifest: dict[str, Any] | None = None) -> "EmbeddingShards":
+        """The shards of ``directory``; ``manifest``: its manifest already read by ``load_manifest`` (default:
+        read here, refusing an unfinished job's)."""
         directory = Path(directory)
         if not directory.is_dir():
             raise DataError(f"embedding shards not found: {directory} is not a directory")
-        manifest: dict[str, Any] = {}
         manifest_path = directory / MANIFEST
-        if manifest_path.is_file():
-            try:
-                manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{manifest_path} is not valid JSON: {exc}") from exc
-        if manifest.get("complete") is False:  # the Ray engine records its finished shards as it goes
-            raise DataError(f"{directory} holds the shards of an embedding job that has not finished "
-                            f"({len(manifest.get('shards') or [])} of {manifest.get('shard_count', '?')} shards): "
-                            "rerun the same `encoderkit embed` command to finish it, then build the index")
+        if manifest is None:
+            manifest = load_manifest(directory) or {}
         listed = manifest.get("shards") or []
         if listed:
             paths = [directory / (entry if isinstance(entry, str) else entry.get("path") or entry.get("file", ""))
@@ -105,16 +101,20 @@ class EmbeddingShards:
 
     def iter_batches(self, batch_rows: int = 65536) -> Iterator[tuple[np.ndarray | list[str], np.ndarray]]:
         """(ids, float32 vectors of shape (rows, dimension)) a batch at a time, in shard order."""
-        pa = _pyarrow()
         for shard in self.shards:
-            handle = pa.parquet.ParquetFile(shard.path)
-            for batch in handle.iter_batches(batch_size=batch_rows, columns=[ID_COLUMN, EMBEDDING_COLUMN]):
-                yield _ids(batch.column(0), shard), _vectors(batch.column(1), shard)
+            yield from self.shard_batches(shard, batch_rows)
+
+    def shard_batches(self, shard: Shard, batch_rows: int = 65536) -> Iterator[tuple[np.ndarray | list[str],
+                                                                                      np.ndarray]]:
+        """(ids, float32 vectors) of one of the shards, a batch at a time."""
+        handle = _pyarrow().parquet.ParquetFile(shard.path)
+        for batch in handle.iter_batches(batch_size=batch_rows, columns=[ID_COLUMN, EMBEDDING_COLUMN]):
+            yield _ids(batch.column(0), shard), _vectors(batch.column(1), shard)
 
     def sample(self, size: int, seed: int = 0, batch_rows: int = 65536) -> np.ndarray:
         """``size`` distinct rows drawn uniformly (with ``seed``) across all shards, in storage order."""
-        size = min(size, self.count)
-        chosen = np.sort(np.random.default_rng(seed).choice(self.count, size=size, replace=False))
+        chosen = sample_rows(self.count, size, seed)
+        size = len(chosen)
         out = np.empty((size, self.dimension), dtype=np.float32)
         filled, offset = 0, 0
         pa = _pyarrow()
@@ -131,6 +131,66 @@ class EmbeddingShards:
                     start += batch.num_rows
             offset += shard.rows
         return out
+
+
+def sample_rows(count: int, size: int, seed: int = 0) -> np.ndarray:
+    """``min(size, count)`` distinct row numbers below ``count``, drawn with ``seed``, in increasing order."""
+    return np.sort(np.random.default_rng(seed).choice(count, size=min(size, count), replace=False))
+
+
+def load_manifest(directory: str | Path, *, strict: bool = False,
+                  require_complete: bool = True) -> dict[str, Any] | None:
+    """The ``manifest.json`` of a shard directory (None: there is none). ``strict`` (the Ray engine's output):
+    it must be an encoderkit embeddings manifest of this format and version. ``require_complete``: refuse the
+    manifest of a job that has not finished (``"complete": false``)."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if strict:
+            raise DataError(f"{path} is not valid JSON ({exc}); delete the directory or rerun with --restart") from exc
+        raise DataError(f"{path} is not valid JSON: {exc}") from exc
+    if strict and (not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT
+                   or manifest.get("version") != MANIFEST_VERSION):
+        raise DataError(f"{path} is not an encoderkit embeddings manifest (format {MANIFEST_FORMAT!r}, "
+                        f"version {MANIFEST_VERSION})")
+    if require_complete and manifest.get("complete") is False:  # the Ray engine records its shards as it goes
+        raise DataError(f"{directory} holds the shards of an embedding job that has not finished "
+                        f"({len(manifest.get('shards') or [])} of {manifest.get('shard_count', '?')} shards): "
+                        "rerun the same `encoderkit embed` command to finish it, then build the index")
+    return manifest
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed over it: readers see the old or the new."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_json_atomically(path: Path, data: dict[str, Any], *, indent: int = 1, ensure_ascii: bool = False) -> None:
+    write_atomically(path, json.dumps(data, indent=indent, ensure_ascii=ensure_ascii) + "\n")
+
+
+def write_embedding_table(path: Path, ids: Sequence[str] | Sequence[int] | np.ndarray, vectors: np.ndarray) -> None:
+    """One Parquet file of ``ids`` and ``vectors`` (rows, dimension) as float32 lists, written (and synced) to a
+    temporary name and renamed: the file is either absent or complete."""
+    pa = _pyarrow()
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    embedding = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, vectors.size + 1, max(1, vectors.shape[1]), dtype=np.int32)),
+        pa.array(vectors.reshape(-1)))
+    table = pa.table({ID_COLUMN: pa.array(ids if isinstance(ids, np.ndarray) else list(ids)),
+                      EMBEDDING_COLUMN: embedding})
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        pa.parquet.write_table(table, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def _inspect(path: Path) -> Shard:
@@ -206,7 +266,6 @@ class ShardWriter:
 
     def write(self, vectors: np.ndarray, ids: Sequence[str] | Sequence[int] | np.ndarray) -> Path:
         """One shard holding ``vectors`` (rows, dimension) and their ``ids``."""
-        pa = _pyarrow()
         part = np.ascontiguousarray(vectors, dtype=np.float32)
         if part.ndim != 2:
             raise InputError(f"vectors must be a 2-D array, found shape {part.shape}")
@@ -215,19 +274,15 @@ class ShardWriter:
         if self.dimension not in (None, part.shape[1]):
             raise InputError(f"this shard has {part.shape[1]}-dim vectors, the earlier ones {self.dimension}")
         self.dimension = part.shape[1]
-        embedding = pa.ListArray.from_arrays(
-            pa.array(np.arange(0, part.size + 1, max(1, part.shape[1]), dtype=np.int32)), pa.array(part.reshape(-1)))
-        table = pa.table({ID_COLUMN: pa.array(ids if isinstance(ids, np.ndarray) else list(ids)),
-                          EMBEDDING_COLUMN: embedding})
         name = f"part-{len(self.entries):05d}.parquet"
-        pa.parquet.write_table(table, self.directory / name)
+        write_embedding_table(self.directory / name, ids, part)
         self.entries.append({"path": name, "rows": len(part)})
         return self.directory / name
 
     def close(self) -> Path:
-        manifest = {"format": "encoderkit-embeddings", "version": 1, "dimension": self.dimension,
+        manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "dimension": self.dimension,
                     "count": sum(entry["rows"] for entry in self.entries), **self.extra, "shards": self.entries}
-        (self.directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        write_json_atomically(self.directory / MANIFEST, manifest, indent=2, ensure_ascii=True)
         return self.directory
 
 
