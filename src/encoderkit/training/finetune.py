@@ -30,12 +30,13 @@ from .. import metrics
 from ..config import EncoderConfig
 from ..data.features import (check_known_labels, check_label_types, classification_features, collate, label_list,
                              ner_features, qa_features)
+from ..distributed import world_and_rank
 from ..data.tasks import (ClassificationExample, QAExample, TaggedSentence, iob1_to_iob2, read_classification,
                           read_conll, read_squad, split_validation)
 from ..errors import DataError, InputError
 from ..modeling.models import HeadSpec
 from ..tokenizer import Tokenizer
-from .trainer import Trainer, TrainingConfig, init_distributed
+from .trainer import Trainer, TrainingConfig, distributed_run
 
 log = logging.getLogger(__name__)
 
@@ -412,13 +413,9 @@ def finetune(task: str | TaskKind, train: Any, out_dir: str | Path, *, valid: An
     ``columns``: text_column, pair_column, label_column, multi_label_separator (classification); for
     multitask, ``heads={name: "classify"|"multilabel"}`` and ``train``/``valid`` as {name: path}.
     """
-    joined = init_distributed()
-    try:
+    with distributed_run():
         return _finetune(task if isinstance(task, TaskKind) else task_kind(task, **columns), train, Path(out_dir),
                          valid=valid, model=model, recipe=recipe or Recipe(), resume=resume)
-    finally:
-        if joined:
-            torch.distributed.destroy_process_group()
 
 
 @dataclass
@@ -478,7 +475,7 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
     torch.manual_seed(recipe.seed)  # the new head's initial weights
     task_model = load_model(resolved.root, task=kind.model_task, config=config, new_head_expected=True)
     train_features = kind.features(tokenizer, train_examples, labels, recipe, True)
-    world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    world_size = world_and_rank()[0]
     steps_per_epoch = math.ceil(len(train_features) / (recipe.batch_size * world_size))
     max_steps = max(1, math.ceil(recipe.epochs * steps_per_epoch))
     eval_every = recipe.eval_steps or steps_per_epoch

@@ -16,7 +16,7 @@ from ..errors import ConfigError, InputError
 from ..families import FAMILIES
 from ..modeling.models import build_model
 from ..tokenizer import Tokenizer
-from .trainer import Trainer, TrainingConfig, init_distributed
+from .trainer import Trainer, TrainingConfig, distributed_run
 
 log = logging.getLogger(__name__)
 
@@ -194,14 +194,10 @@ def pretrain(corpus: str | Path, output_dir: str | Path, *, objective: str = "ml
     ``masking``: a MaskingConfig, or a dict of its fields; without a rate, the family's (``default_mask_rate``:
     0.30 for ModernBERT as in its paper, 0.15 otherwise). The result's "masking" holds the options used."""
     seed = training.pop("seed", 0)
-    joined = init_distributed()
-    try:
+    with distributed_run():
         return _pretrain(corpus, output_dir, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
                          max_length=max_length, masking=masking, document_mode=document_mode, resume=resume,
                          seed=seed, teacher=teacher, generator_config=generator_config, **training)
-    finally:
-        if joined:
-            torch.distributed.destroy_process_group()
 
 
 def _pretrain(corpus, output_dir, *, objective, config, tokenizer, valid, max_length, masking, document_mode, resume,

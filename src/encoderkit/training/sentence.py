@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..distributed import world_and_rank
 from ..embeddings.data import (
     ANCHOR_POSITIVE,
     LABELLED_PAIR,
@@ -45,7 +46,7 @@ from ..embeddings import losses as L
 from ..embeddings.sentence_model import FEATURE_NAMES, SentenceModel
 from ..errors import DataError, InputError
 from ..st_format import write_sentence_transformer
-from .trainer import Trainer, TrainingConfig, _distributed_info, init_distributed
+from .trainer import Trainer, TrainingConfig, distributed_run
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         raise InputError(f"the {loss} loss compares each example with its own texts only, so there is nothing to "
                          f"gather across processes (it already equals the one-process loss under DDP); "
                          f"gathering applies to {', '.join(GATHERING_LOSSES)}")
-    world = _distributed_info()[0]
+    world = world_and_rank()[0]
     gather = (loss in GATHERING_LOSSES if gather_across_processes is None else gather_across_processes) and world > 1
     if epochs <= 0 or batch_size <= 0:
         raise InputError(f"epochs and batch_size must be positive, found {epochs} and {batch_size}")
@@ -340,14 +341,10 @@ def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir
     ``valid`` is given) and final/ go under ``out_dir``; final/ is a sentence-transformers directory. Rerunning
     with the same out_dir resumes from its last checkpoint (``resume=False`` starts over). ``options``: those
     of ``prepare_embedder`` (loss, epochs, batch_size, learning_rate, matryoshka_dims, valid, ...)."""
-    joined = init_distributed(options.get("device", "cpu"))  # under torchrun: one process group, DDP, gathering
-    try:
+    with distributed_run(options.get("device", "cpu")):  # under torchrun: one process group, DDP, gathering
         setup = prepare_embedder(model_dir, train_file, out_dir, **options)
         result = setup.trainer.train(resume=resume)
         return finish_embedder(out_dir, setup, result)
-    finally:
-        if joined:
-            torch.distributed.destroy_process_group()
 
 
 def _even_batches(batches: list[list[int]], processes: int) -> list[list[int]]:

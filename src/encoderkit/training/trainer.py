@@ -21,14 +21,16 @@ import os
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..distributed import world_and_rank
 from ..errors import EncoderkitError, InputError
 from ..modeling.training_linear import for_training
 from ..progress import Progress
@@ -198,7 +200,7 @@ class Trainer:
         self.forward_kwargs = forward_kwargs or {}
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
-        self.world_size, self.rank = _distributed_info()
+        self.world_size, self.rank = world_and_rank()
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.world_size > 1:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -513,10 +515,16 @@ def init_distributed(device: str | None = None) -> bool:
     return True
 
 
-def _distributed_info() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size(), torch.distributed.get_rank()
-    return 1, 0
+@contextmanager
+def distributed_run(device: str | None = None) -> Iterator[None]:
+    """The body of a training entry point: in the process group under torchrun (``init_distributed``), left
+    when the body ends, however it ends."""
+    joined = init_distributed(device)
+    try:
+        yield
+    finally:
+        if joined:
+            torch.distributed.destroy_process_group()
 
 
 class _maybe_no_sync:

@@ -10,35 +10,64 @@ d/dtheta of (1/W) sum_q l_q. So the losses need no world-size factor: when each 
 anchors and the batches have one size, (1/W) sum_q l_q is the mean over the whole global batch, the loss of one
 process on the concatenated batch; when each l_q is the loss of the whole global batch (CoSENT), it is that loss.
 
-The batches must have one size on every process (an all-gather needs equal shapes); ``batch_sizes`` checks it
-and raises a clear error otherwise. Every process must call the gathering loss, in the same order.
+The batches must have one size on every process (an all-gather needs equal shapes); ``check_batch_sizes`` checks
+it and raises a clear error otherwise. Every process must call the gathering loss, in the same order.
+
+``StepWork``: a loss called several times on one batch (``MatryoshkaLoss``, once per dimension, inside the loss's
+``step_scope()``) does the work that depends on the batch but not on the embeddings' values (this check, the
+gathered text ids, the false-negative masks) once.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Hashable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from ...distributed import world_and_rank
 from ...errors import InputError
 
-
-def process_group() -> tuple[int, int]:
-    """(world size, rank) of the default process group; (1, 0) outside a distributed run."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+T = TypeVar("T")
 
 
 def check_batch_sizes(loss: str, size: int, device: torch.device) -> None:
     """Raise (on every process alike) unless every process holds ``size`` examples."""
-    world, _ = process_group()
+    world, _ = world_and_rank()
     mine = torch.tensor([size], dtype=torch.long, device=device)
     sizes = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(sizes, mine)
-    found = [int(s) for s in sizes]
+    found = torch.cat(sizes).tolist()  # one device-to-host copy
     if len(set(found)) > 1:
         raise InputError(f"{loss} gathers embeddings from {world} processes, which need batches of one size; found "
                          f"{found} (per process). Drop the last incomplete batch or give every process the same "
                          "number of examples (train_embedder does so).")
+
+
+class StepWork:
+    """Mixin of a loss: ``step_scope()`` marks calls on one batch (every process enters it alike, so the
+    collectives skipped are skipped everywhere); inside it ``once(key, compute)`` computes once per key. Outside a
+    scope every call computes."""
+
+    _step_work: dict[Hashable, Any] | None = None
+
+    @contextmanager
+    def step_scope(self) -> Iterator[None]:
+        if self._step_work is not None:  # already inside one (a scope within a scope): the outer one rules
+            yield
+            return
+        self._step_work = {}
+        try:
+            yield
+        finally:
+            self._step_work = None
+
+    def once(self, key: Hashable, compute: Callable[[], T]) -> T:
+        if self._step_work is None:
+            return compute()
+        if key not in self._step_work:
+            self._step_work[key] = compute()
+        return self._step_work[key]
 
 
 def _wire_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -49,7 +78,7 @@ def _wire_dtype(tensor: torch.Tensor) -> torch.dtype:
 
 
 def _all_gather(tensor: torch.Tensor) -> torch.Tensor:
-    world, _ = process_group()
+    world, _ = world_and_rank()
     wire = tensor.detach().to(_wire_dtype(tensor)).contiguous()
     parts = [torch.empty_like(wire) for _ in range(world)]
     dist.all_gather(parts, wire)
@@ -59,7 +88,7 @@ def _all_gather(tensor: torch.Tensor) -> torch.Tensor:
 class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.rank, ctx.rows = process_group()[1], tensor.shape[0]
+        ctx.rank, ctx.rows = world_and_rank()[1], tensor.shape[0]
         return _all_gather(tensor)
 
     @staticmethod

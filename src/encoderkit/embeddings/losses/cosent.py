@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...distributed import world_and_rank
 from ._checks import check_embeddings, check_targets
-from ._distributed import check_batch_sizes, gather, process_group
+from ._distributed import StepWork, check_batch_sizes, gather
 
 
-class CoSENTLoss(nn.Module):
+class CoSENTLoss(StepWork, nn.Module):
     """``forward(u, v, scores)``: log(1 + sum over s_i > s_j of exp(scale * (cos_j - cos_i)))."""
 
     compares_by_cosine = True
@@ -37,8 +38,8 @@ class CoSENTLoss(nn.Module):
         batch = check_embeddings("CoSENTLoss", ("u", "v"), u, v)
         scores = check_targets("CoSENTLoss", "scores", scores, batch).to(u.device)
         cosine = F.cosine_similarity(u.float(), v.float(), dim=1) * self.scale
-        if self.gather_across_processes and process_group()[0] > 1:
-            check_batch_sizes("CoSENTLoss", batch, u.device)
+        if self.gather_across_processes and world_and_rank()[0] > 1:
+            self.once(("sizes", batch), lambda: check_batch_sizes("CoSENTLoss", batch, u.device))
             cosine, scores = gather(cosine), gather(scores.contiguous())
         differences = cosine[None, :] - cosine[:, None]  # [i, j] = lambda * (cos_j - cos_i)
         ordered = scores[:, None] > scores[None, :]  # [i, j]: pair i should score above pair j

@@ -13,6 +13,7 @@ pass ``normalize=True`` to do the same for a Euclidean triplet loss.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
@@ -63,8 +64,13 @@ class MatryoshkaLoss(nn.Module):
 
     def forward(self, *embeddings: Any, **targets: Any) -> torch.Tensor:
         total = None
-        for dim, weight in zip(self.dims, self.weights):
-            cut = [self.truncate(e, dim) if isinstance(e, torch.Tensor) and e.dim() == 2 else e for e in embeddings]
-            term = weight * self.loss(*cut, **targets)
-            total = term if total is None else total + term
+        # Every dimension's call sees one batch: the inner loss's step work (MNRL's masks, the gathered text ids,
+        # the batch-size check) is done once (losses/_distributed.StepWork).
+        scope = getattr(self.loss, "step_scope", None)
+        with scope() if scope is not None else nullcontext():
+            for dim, weight in zip(self.dims, self.weights):
+                cut = [self.truncate(e, dim) if isinstance(e, torch.Tensor) and e.dim() == 2 else e
+                       for e in embeddings]
+                term = weight * self.loss(*cut, **targets)
+                total = term if total is None else total + term
         return total

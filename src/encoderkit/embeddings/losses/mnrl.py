@@ -29,15 +29,16 @@ and DDP's average of their gradients its gradient (``_distributed`` has the argu
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...distributed import world_and_rank
 from ...errors import InputError
 from ._checks import check_embeddings
-from ._distributed import check_batch_sizes, gather, process_group
+from ._distributed import StepWork, check_batch_sizes, gather
 
 
 def text_ids(columns: Sequence[Sequence[str]]) -> torch.Tensor:
@@ -72,7 +73,7 @@ def false_negative_masks(duplicates: torch.Tensor,
     return forward, backward
 
 
-class MultipleNegativesRankingLoss(nn.Module):
+class MultipleNegativesRankingLoss(StepWork, nn.Module):
     """``forward(anchors, positives, *negatives, duplicates=None)``: cross-entropy of scale * cos over the batch's
     candidates, the right one on the diagonal. ``duplicates``: optional (columns, batch) integer text ids (one
     row per tensor passed, in order; ``text_ids`` builds them) so that repeated texts are not negatives.
@@ -100,31 +101,43 @@ class MultipleNegativesRankingLoss(nn.Module):
         columns = (anchors, positives, *negatives)
         names = ("anchors", "positives") + tuple(f"negatives[{k}]" for k in range(len(negatives)))
         batch = check_embeddings("MultipleNegativesRankingLoss", names, *columns)
-        if duplicates is not None:
-            duplicates = torch.as_tensor(duplicates, device=anchors.device)
-            if duplicates.shape != (len(columns), batch) or duplicates.is_floating_point():
-                raise InputError(f"duplicates must be integer text ids of shape (columns, batch) = "
-                                 f"({len(columns)}, {batch}), found {duplicates.dtype} {tuple(duplicates.shape)}")
-        world, rank = process_group() if self.gather_across_processes else (1, 0)
-        candidates, all_anchors = columns[1:], anchors
+        world, rank = world_and_rank() if self.gather_across_processes else (1, 0)
+        rows, forward_mask, backward_mask = self.once(  # one per step under MatryoshkaLoss (StepWork)
+            ("masks", id(duplicates), len(columns), batch),
+            lambda: self._rows_and_masks(duplicates, len(columns), batch, anchors.device, world, rank))
+        candidates = columns[1:]
         if world > 1:
-            check_batch_sizes("MultipleNegativesRankingLoss", batch, anchors.device)
             candidates = tuple(gather(column) for column in candidates)
-            all_anchors = gather(anchors) if self.symmetric else anchors
-            duplicates = gather(duplicates.T.contiguous()).T if duplicates is not None else None
-        rows = torch.arange(rank * batch, (rank + 1) * batch, device=anchors.device)  # the local rows' labels
         a = F.normalize(anchors, p=2, dim=1)
         c = F.normalize(torch.cat(candidates, dim=0), p=2, dim=1)
         scores = self.scale * a @ c.T  # (batch, global batch * (1 + negative columns))
-        forward_mask = backward_mask = None
-        if duplicates is not None:
-            forward_mask, backward_mask = false_negative_masks(duplicates, rows)
+        if forward_mask is not None:
             scores = scores.masked_fill(forward_mask, float("-inf"))
         loss = F.cross_entropy(scores, rows)
         if self.symmetric:
-            # positive i against every anchor
-            reverse = self.scale * F.normalize(positives, p=2, dim=1) @ F.normalize(all_anchors, p=2, dim=1).T
+            # positive i (its normalised row of c: the local rows of the positives) against every anchor
+            all_anchors = gather(a) if world > 1 else a
+            reverse = self.scale * c[rank * batch:(rank + 1) * batch] @ all_anchors.T
             if backward_mask is not None:
                 reverse = reverse.masked_fill(backward_mask, float("-inf"))
             loss = (loss + F.cross_entropy(reverse, rows)) / 2
         return loss
+
+    def _rows_and_masks(self, duplicates: Any, columns: int, batch: int, device: torch.device, world: int,
+                        rank: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What a step's loss needs besides the embeddings, the same for every Matryoshka dimension: the local
+        rows' labels and the false-negative masks (None without ``duplicates``), after checking the text ids and,
+        gathering, that every process holds a batch of one size."""
+        if duplicates is not None:
+            duplicates = torch.as_tensor(duplicates, device=device)
+            if duplicates.shape != (columns, batch) or duplicates.is_floating_point():
+                raise InputError(f"duplicates must be integer text ids of shape (columns, batch) = "
+                                 f"({columns}, {batch}), found {duplicates.dtype} {tuple(duplicates.shape)}")
+        if world > 1:
+            check_batch_sizes("MultipleNegativesRankingLoss", batch, device)
+            if duplicates is not None:
+                duplicates = gather(duplicates.T.contiguous()).T
+        rows = torch.arange(rank * batch, (rank + 1) * batch, device=device)  # the local rows' labels
+        if duplicates is None:
+            return rows, None, None
+        return (rows, *false_negative_masks(duplicates, rows))
