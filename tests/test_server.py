@@ -126,6 +126,18 @@ def test_rerank_equals_cross_encoder(registry, model_dirs):
         assert "text" not in row and row["score"] == pytest.approx(float(logits[row["index"]]), abs=1e-4)
 
 
+def test_rerank_scores_a_repeated_text_once_and_keeps_its_order(registry, model_dirs):
+    st = pytest.importorskip("sentence_transformers")
+    query, texts = "who wrote hamlet", [PASSAGES[1], PASSAGES[0], PASSAGES[1], PASSAGES[2], PASSAGES[1]]
+    expected = st.CrossEncoder(str(model_dirs["rerank"]), device="cpu").predict([(query, t) for t in texts])
+    ranked = post(registry, "/rerank", {"query": query, "texts": texts, "model": "rerank"}).json()
+    by_index = {row["index"]: row["score"] for row in ranked}
+    assert by_index[0] == by_index[2] == by_index[4]  # equal texts, bit-equal scores
+    assert [row["index"] for row in ranked if row["index"] in (0, 2, 4)] == [0, 2, 4]  # ties keep input order
+    for index, score in by_index.items():
+        assert score == pytest.approx(float(expected[index]), abs=1e-5)
+
+
 def test_predict_equals_transformers_pipeline(registry, model_dirs):
     transformers = pytest.importorskip("transformers")
     classify = transformers.pipeline("text-classification", model=str(model_dirs["sentiment"]), device="cpu",

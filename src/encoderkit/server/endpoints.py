@@ -234,10 +234,15 @@ async def rerank(request: Request) -> JSONResponse:
     if not body.query:
         raise ApiError(422, "query: the text is empty")
     texts, _ = texts_of(state, body.texts, "texts")
-    encodings = await tokenize(state, model, [body.query] * len(texts), texts, max_length=model.max_length("rerank"),
-                         truncate=body.truncate, names=[f"query + texts[{i}]" for i in range(len(texts))])
+    first: dict[str, int] = {}  # a text sent twice is scored once (equal texts, equal scores: ties keep order)
+    for i, text in enumerate(texts):
+        first.setdefault(text, i)
+    unique = list(first)
+    encodings = await tokenize(state, model, [body.query] * len(unique), unique, max_length=model.max_length("rerank"),
+                               truncate=body.truncate, names=[f"query + texts[{i}]" for i in first.values()])
     logits = await run_sequences(state, request, model, "rerank", encodings)
-    scores = activate(np.array([row[0] for row in logits]), "none" if body.raw_scores else "sigmoid")
+    where = {text: k for k, text in enumerate(unique)}
+    scores = activate(np.array([logits[where[text]][0] for text in texts]), "none" if body.raw_scores else "sigmoid")
     return JSONResponse(ranked(scores, texts, return_text=body.return_text))
 
 

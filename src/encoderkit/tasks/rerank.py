@@ -37,7 +37,14 @@ class Reranker(Classifier):
         passages = list(passages)
         if not passages:
             return np.zeros(0, dtype=np.float32)
-        return activate(self.logits([query] * len(passages), passages)[:, 0], activation)
+        # A passage given more than once is scored once: no repeated work, and equal passages get equal scores
+        # (one row computed at two places of a packed batch can differ in the last bit, which would break ties).
+        unique = list(dict.fromkeys(passages))
+        logits = self.logits([query] * len(unique), unique)[:, 0]
+        if len(unique) < len(passages):
+            where = {passage: i for i, passage in enumerate(unique)}
+            logits = logits[[where[passage] for passage in passages]]
+        return activate(logits, activation)
 
     def rank(self, query: str, passages: Sequence[str], top_k: int | None = None, return_text: bool = False, *,
              activation: str | None = None) -> list[dict]:
