@@ -275,7 +275,7 @@ def encoderkit_embedder(model_dir: Path, dtype: str):
 
 
 def encoderkit_contender(name: str, embedder, batch_size: int | None, notes: str) -> Contender:
-    kind = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(embedder.dtype, "int8")
+    kind = embedder.engine.precision.name  # "int8" computes in fp32 outside its int8 products
     options = {} if batch_size is None else {"batch_size": batch_size}
     return Contender(name, kind, lambda texts: normalized(embedder.encode(texts, **options)),
                      lambda text: embedder.encode(text), notes,
@@ -393,21 +393,42 @@ def short_texts(sentences: list[str], count: int = 5) -> list[str]:
     return [s for s in sentences if 8 <= len(s.split()) <= 12][:count]
 
 
-def latency(contenders: list[Contender], texts: list[str], calls: int, block: int = 10) -> dict[str, list[float]]:
-    """Seconds per single-text call. Interleaved in blocks: each round every contender makes one untimed call (so
-    thread pools left spinning by the previous runtime have settled) and then ``block`` timed ones."""
+def latency(contenders: list[Contender], texts: list[str], calls: int, block: int = 10,
+            settle_s: float = 0.2) -> dict[str, list[float]]:
+    """Seconds per single-text call. Interleaved in blocks: each round every contender waits ``settle_s`` (so that
+    the thread pools the previous runtime left spinning have gone to sleep and take no core from this one, as in
+    a server that runs one runtime), makes three untimed calls, then ``block`` timed ones."""
     seconds: dict[str, list[float]] = {c.name: [] for c in contenders}
     for c in contenders:
         for text in texts * 4:
             c.one(text)
     for r in range(calls // block):
         for c in contenders:
-            c.one(texts[r % len(texts)])
+            time.sleep(settle_s)
+            for k in range(3):
+                c.one(texts[(r + k) % len(texts)])
             for i in range(block):
                 text = texts[(r * block + i) % len(texts)]
                 start = time.perf_counter()
                 c.one(text)
                 seconds[c.name].append(time.perf_counter() - start)
+    return seconds
+
+
+def latency_alone(contenders: list[Contender], texts: list[str], calls: int,
+                  settle_s: float = 1.0) -> dict[str, list[float]]:
+    """Seconds per single-text call, one runtime at a time (as a server runs one): each contender, after a
+    ``settle_s`` pause and 10 untimed calls, makes ``calls`` timed calls in a row."""
+    seconds: dict[str, list[float]] = {}
+    for c in contenders:
+        time.sleep(settle_s)
+        for k in range(10):
+            c.one(texts[k % len(texts)])
+        seconds[c.name] = []
+        for i in range(calls):
+            start = time.perf_counter()
+            c.one(texts[i % len(texts)])
+            seconds[c.name].append(time.perf_counter() - start)
     return seconds
 
 
@@ -689,15 +710,20 @@ def main() -> None:
     print(f"\nsingle-text latency: {args.calls} calls each over {len(texts)} texts of {min(token_counts)}-"
           f"{max(token_counts)} tokens")
     calls = latency(contenders, texts, args.calls)
+    alone = latency_alone(contenders, texts, args.calls)
     latency_rows = []
     for c in contenders:
-        ms = np.array(calls[c.name]) * 1e3
+        ms, alone_ms = np.array(calls[c.name]) * 1e3, np.array(alone[c.name]) * 1e3
         latency_rows.append({"contender": c.name, "kind": c.kind, "calls": len(ms),
                              "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
-                             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())})
-        print(f"  {c.name:38s} p50 {latency_rows[-1]['p50_ms']:6.2f} ms  p99 {latency_rows[-1]['p99_ms']:6.2f} ms")
+                             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()),
+                             "alone_p50_ms": float(np.percentile(alone_ms, 50)),
+                             "alone_p99_ms": float(np.percentile(alone_ms, 99))})
+        row = latency_rows[-1]
+        print(f"  {c.name:38s} interleaved p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms; "
+              f"alone p50 {row['alone_p50_ms']:6.2f} ms  p99 {row['alone_p99_ms']:6.2f} ms")
 
-    command = "flock -x /tmp/bench.lock python bench/peers.py" + (f" --rounds {args.rounds}"
+    command = "runlock exclusive python bench/peers.py --skip-profile" + (f" --rounds {args.rounds}"
                                                                   if args.rounds != 3 else "")
     save = write_result if args.limit is None else lambda name, data: print(f"smoke run: {name} not written")
     save("peers", {
@@ -707,7 +733,9 @@ def main() -> None:
         "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
         "tokenization": "included for every contender: texts in, vectors out (pooling and normalisation too)",
         "latency": {"texts": texts, "tokens": token_counts, "calls": args.calls, "rows": latency_rows,
-                    "method": "blocks of 10 timed calls per contender in turn, each block after one untimed call"},
+                    "method": "interleaved: blocks of 10 timed calls per contender in turn, each block after a 0.2 s pause and "
+                              "3 untimed calls; alone: each runtime in turn makes all its calls in a row, after a 1 s "
+                              "pause and 10 untimed calls (as a server running one runtime)"},
     })
 
     if args.skip_profile:
