@@ -29,6 +29,8 @@ import argparse
 import collections
 import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,16 +296,22 @@ def installed(module: str, label: str, missing: dict[str, str]) -> bool:
         return False
 
 
-def build_contenders(model_dir: Path, skip: set[str]) -> tuple[list[Contender], dict[str, str]]:
-    """Every runtime that can be built here; the others with the reason they are missing."""
+def build_contenders(model_dir: Path, skip: set[str],
+                     only: str | None = None) -> tuple[list[Contender], dict[str, str]]:
+    """Every runtime that can be built here (``only``: just the one of that name); the others with the reason
+    they are missing."""
     from sentence_transformers import SentenceTransformer
+
+    def wanted(name: str) -> bool:
+        return name not in skip and only in (None, name)
 
     contenders: list[Contender] = []
     missing: dict[str, str] = {}
-    st = SentenceTransformer(str(model_dir), device="cpu")
-    contenders.append(Contender(
-        "sentence-transformers", "fp32", lambda texts: normalized(st.encode(texts, batch_size=BATCH)),
-        lambda text: st.encode(text), "torch fp32, encode(batch_size=32)"))
+    if wanted("sentence-transformers"):
+        st = SentenceTransformer(str(model_dir), device="cpu")
+        contenders.append(Contender(
+            "sentence-transformers", "fp32", lambda texts: normalized(st.encode(texts, batch_size=BATCH)),
+            lambda text: st.encode(text), "torch fp32, encode(batch_size=32)"))
 
     for label, dtype, batch_size, notes in (
             ("encoderkit fp32", "fp32", BATCH, "Embedder.encode(batch_size=32): packed, no padding computed"),
@@ -311,7 +319,7 @@ def build_contenders(model_dir: Path, skip: set[str]) -> tuple[list[Contender], 
             ("encoderkit auto", "auto", BATCH, "dtype='auto'"),
             ("encoderkit int8", "int8", BATCH, "dtype='int8'"),
             ("encoderkit fp32, own batching", "fp32", None, "Embedder.encode(): token-budget batches")):
-        if label in skip:
+        if not wanted(label):
             continue
         embedder = encoderkit_embedder(model_dir, dtype)
         if embedder is None:
@@ -348,7 +356,8 @@ def build_contenders(model_dir: Path, skip: set[str]) -> tuple[list[Contender], 
                 "OpenVINO default precision", plain, tokenizer, None,
                 "no precision hint: OpenVINO runs bf16 where the CPU has avx512_bf16 or amx_bf16")),
         ]
-    if installed("ctranslate2", "CTranslate2", missing):
+    if installed("ctranslate2", "CTranslate2", missing) and any(wanted(name) for name in
+                                                                 ("CTranslate2 float32", "CTranslate2 int8")):
         ct2 = convert_ct2(model_dir)
         peers += [
             ("CTranslate2 float32", lambda: ct2_contender("CTranslate2 float32", "float32", ct2, tokenizer,
@@ -357,7 +366,7 @@ def build_contenders(model_dir: Path, skip: set[str]) -> tuple[list[Contender], 
                                                        "ctranslate2.Encoder, compute_type int8")),
         ]
     for name, build in peers:
-        if name not in skip:
+        if wanted(name):
             contenders.append(build())
     return contenders, missing
 
@@ -430,6 +439,29 @@ def latency_alone(contenders: list[Contender], texts: list[str], calls: int,
             c.one(texts[i % len(texts)])
             seconds[c.name].append(time.perf_counter() - start)
     return seconds
+
+
+def latency_own_process(names: list[str], calls: int) -> dict[str, list[float]]:
+    """Seconds per single-text call, each runtime in a process of its own that builds only it (a server runs one
+    runtime in its process): ``latency_alone`` there, in the children's turn one after another."""
+    seconds: dict[str, list[float]] = {}
+    for name in names:
+        done = subprocess.run([sys.executable, __file__, "--latency-child", name, "--calls", str(calls)],
+                              capture_output=True, text=True, timeout=900, cwd=Path(__file__).parent)
+        if done.returncode != 0:
+            raise SystemExit(f"the latency process of {name} failed:\n{done.stderr[-2000:]}")
+        seconds[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seconds
+
+
+def latency_child(name: str, calls: int) -> None:
+    """The child of ``latency_own_process``: its seconds per call as one JSON line on stdout."""
+    from encoderkit import default_model_path
+
+    torch.set_num_threads(THREADS)
+    contenders, _ = build_contenders(default_model_path(), set(), only=name)
+    texts = short_texts(load_sentences())
+    print(json.dumps(latency_alone(contenders, texts, calls)[name]), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,7 +688,10 @@ def main() -> None:
     parser.add_argument("--skip", action="append", default=[], help="a contender's name to leave out")
     parser.add_argument("--skip-profile", action="store_true")
     parser.add_argument("--limit", type=int, help="the first N texts only (a smoke run; writes no result)")
+    parser.add_argument("--latency-child", help=argparse.SUPPRESS)  # one runtime's latency in a process of its own
     args = parser.parse_args()
+    if args.latency_child:
+        return latency_child(args.latency_child, args.calls)
     torch.set_num_threads(THREADS)
 
     from encoderkit import default_model_path
@@ -711,17 +746,21 @@ def main() -> None:
           f"{max(token_counts)} tokens")
     calls = latency(contenders, texts, args.calls)
     alone = latency_alone(contenders, texts, args.calls)
+    own = latency_own_process([c.name for c in contenders], args.calls)
     latency_rows = []
     for c in contenders:
-        ms, alone_ms = np.array(calls[c.name]) * 1e3, np.array(alone[c.name]) * 1e3
+        ms, alone_ms, own_ms = (np.array(found[c.name]) * 1e3 for found in (calls, alone, own))
         latency_rows.append({"contender": c.name, "kind": c.kind, "calls": len(ms),
                              "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
                              "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()),
                              "alone_p50_ms": float(np.percentile(alone_ms, 50)),
-                             "alone_p99_ms": float(np.percentile(alone_ms, 99))})
+                             "alone_p99_ms": float(np.percentile(alone_ms, 99)),
+                             "own_process_p50_ms": float(np.percentile(own_ms, 50)),
+                             "own_process_p99_ms": float(np.percentile(own_ms, 99))})
         row = latency_rows[-1]
         print(f"  {c.name:38s} interleaved p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms; "
-              f"alone p50 {row['alone_p50_ms']:6.2f} ms  p99 {row['alone_p99_ms']:6.2f} ms")
+              f"alone p50 {row['alone_p50_ms']:6.2f} ms  p99 {row['alone_p99_ms']:6.2f} ms; "
+              f"own process p50 {row['own_process_p50_ms']:6.2f} ms  p99 {row['own_process_p99_ms']:6.2f} ms")
 
     command = "runlock exclusive python bench/peers.py --skip-profile" + (f" --rounds {args.rounds}"
                                                                   if args.rounds != 3 else "")
@@ -735,7 +774,8 @@ def main() -> None:
         "latency": {"texts": texts, "tokens": token_counts, "calls": args.calls, "rows": latency_rows,
                     "method": "interleaved: blocks of 10 timed calls per contender in turn, each block after a 0.2 s pause and "
                               "3 untimed calls; alone: each runtime in turn makes all its calls in a row, after a 1 s "
-                              "pause and 10 untimed calls (as a server running one runtime)"},
+                              "pause and 10 untimed calls; own process: the same, in a process that builds "
+                              "only that runtime (as a server runs one)"},
     })
 
     if args.skip_profile:

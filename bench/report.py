@@ -295,16 +295,18 @@ def render_peers(r: dict[str, Any]) -> list[str]:
               f"{latency['calls']} calls per runtime over {len(latency['texts'])} short texts of "
               f"{min(latency['tokens'])}-{max(latency['tokens'])} tokens, tokenization included; {latency['method']}.",
               ""]
-    alone = "alone_p50_ms" in latency["rows"][0]  # results from before the one-runtime-at-a-time figures lack it
-    header = ["runtime", "precision", "p50 ms", "p90 ms", "p99 ms"]
-    header = ["runtime", "precision", "interleaved p50 ms", "p90 ms", "p99 ms", "alone p50 ms", "alone p99 ms"] \
-        if alone else header
+    # results from before the alone / own-process figures lack them
+    extra = [(prefix, label) for prefix, label in (("alone_", "alone"), ("own_process_", "own process"))
+             if f"{prefix}p50_ms" in latency["rows"][0]]
+    header = ["runtime", "precision", "interleaved p50 ms" if extra else "p50 ms", "p90 ms", "p99 ms"]
+    for _, label in extra:
+        header += [f"{label} p50 ms", f"{label} p99 ms"]
     lines += _table(header, [[row["contender"], row["kind"], f"{row['p50_ms']:.2f}", f"{row['p90_ms']:.2f}",
                               f"{row['p99_ms']:.2f}"]
-                             + ([f"{row['alone_p50_ms']:.2f}", f"{row['alone_p99_ms']:.2f}"] if alone else [])
+                             + [f"{row[prefix + q]:.2f}" for prefix, _ in extra for q in ("p50_ms", "p99_ms")]
                              for row in latency["rows"]])
     lines.append("")
-    for key, label in (("p50_ms", "interleaved"), ("alone_p50_ms", "alone")) if alone else (("p50_ms", ""),):
+    for key, label in [("p50_ms", "interleaved" if extra else "")] + [(p + "p50_ms", label) for p, label in extra]:
         p50 = {row["contender"]: row[key] for row in latency["rows"]}
         for kind in ("fp32", "int8"):
             peers_of_kind = [row for row in latency["rows"] if row["kind"] == kind
