@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from ..tasks.pipeline import softmax
-from ..tasks.rerank import activate, ranked
+from ..tasks.rerank import activate, distinct, ranked
 from .errors import ApiError, describe_validation_errors
 from .registry import ServedModel
 from .schemas import (EmbedRequest, FillMaskRequest, NerRequest, OpenAIEmbeddingRequest, PredictRequest, QaRequest,
@@ -234,15 +234,11 @@ async def rerank(request: Request) -> JSONResponse:
     if not body.query:
         raise ApiError(422, "query: the text is empty")
     texts, _ = texts_of(state, body.texts, "texts")
-    first: dict[str, int] = {}  # a text sent twice is scored once (equal texts, equal scores: ties keep order)
-    for i, text in enumerate(texts):
-        first.setdefault(text, i)
-    unique = list(first)
+    unique, inverse, first = distinct(texts)  # a text sent twice is scored once (Reranker.scores does the same)
     encodings = await tokenize(state, model, [body.query] * len(unique), unique, max_length=model.max_length("rerank"),
-                               truncate=body.truncate, names=[f"query + texts[{i}]" for i in first.values()])
+                               truncate=body.truncate, names=[f"query + texts[{i}]" for i in first])
     logits = await run_sequences(state, request, model, "rerank", encodings)
-    where = {text: k for k, text in enumerate(unique)}
-    scores = activate(np.array([logits[where[text]][0] for text in texts]), "none" if body.raw_scores else "sigmoid")
+    scores = activate(np.array([row[0] for row in logits])[inverse], "none" if body.raw_scores else "sigmoid")
     return JSONResponse(ranked(scores, texts, return_text=body.return_text))
 
 

@@ -37,14 +37,8 @@ class Reranker(Classifier):
         passages = list(passages)
         if not passages:
             return np.zeros(0, dtype=np.float32)
-        # A passage given more than once is scored once: no repeated work, and equal passages get equal scores
-        # (one row computed at two places of a packed batch can differ in the last bit, which would break ties).
-        unique = list(dict.fromkeys(passages))
-        logits = self.logits([query] * len(unique), unique)[:, 0]
-        if len(unique) < len(passages):
-            where = {passage: i for i, passage in enumerate(unique)}
-            logits = logits[[where[passage] for passage in passages]]
-        return activate(logits, activation)
+        unique, inverse, _ = distinct(passages)
+        return activate(self.logits([query] * len(unique), unique)[inverse, 0], activation)
 
     def rank(self, query: str, passages: Sequence[str], top_k: int | None = None, return_text: bool = False, *,
              activation: str | None = None) -> list[dict]:
@@ -53,6 +47,22 @@ class Reranker(Classifier):
             raise InputError(f"top_k must be at least 1, found {top_k}")
         passages = list(passages)
         return ranked(self.scores(query, passages, activation=activation), passages, top_k, return_text)
+
+
+def distinct(texts: Sequence[str]) -> tuple[list[str], np.ndarray, list[int]]:
+    """(the distinct texts in first-seen order, the index of each text among them, each distinct text's first
+    position). A cross-encoder scores a text given twice once: no repeated work, and equal texts get bit-equal
+    scores, so ties keep input order (one row computed at two places of a packed batch can differ in the last
+    bit)."""
+    where: dict[str, int] = {}
+    first: list[int] = []
+    inverse = np.empty(len(texts), dtype=np.int64)
+    for i, text in enumerate(texts):
+        if text not in where:
+            where[text] = len(first)
+            first.append(i)
+        inverse[i] = where[text]
+    return list(where), inverse, first
 
 
 def check_activation(activation: str | None) -> str:

@@ -216,7 +216,6 @@ class Trainer:
         self.best_step: int | None = None
         self.evaluations_without_improvement = 0
         self.ddp_model = model
-        self.averages_gradients = False  # True: this Trainer, not DDP, averages the gradients over the processes
         if self.world_size > 1 and getattr(model, "ddp_compatible", True):
             self.ddp_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
@@ -224,9 +223,13 @@ class Trainer:
             # A model whose backward fills a parameter's gradient several times (GradCache's replay of its
             # mini-batches) trips DDP's one-hook-per-parameter bookkeeping: start every process from rank 0's
             # weights, as DDP would, and average the gradients after the step's last backward.
-            self.averages_gradients = True
             for tensor in [*model.parameters(), *model.buffers()]:
                 torch.distributed.broadcast(tensor.data, 0)
+
+    @property
+    def averages_gradients(self) -> bool:
+        """True where this Trainer, not DDP, averages the gradients over the processes."""
+        return self.world_size > 1 and self.ddp_model is self.model
 
     # ----- data order -------------------------------------------------------------------------
     @property
