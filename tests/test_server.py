@@ -274,3 +274,42 @@ def test_health_metrics_and_openapi(registry):
     schema = paths["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert {"inputs", "normalize", "truncate", "dimensions"} <= set(schema["properties"])
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_models_are_loaded_and_run_on_the_compute_thread(registry, minilm_dir):
+    """The server's model work runs on the process's compute thread (encoderkit.threads), the thread that
+    loaded the models: a second thread running torch would start a second OpenMP team and slow both."""
+    import threading
+
+    from encoderkit.threads import THREAD_NAME, on_compute_thread
+
+    embedder = registry.get(None).pipelines["embed"]
+    loaded_on = on_compute_thread(threading.current_thread)
+    ran_on = []
+    pooled = embedder.engine.pooled
+
+    def recorded(*args, **kwargs):
+        ran_on.append(threading.current_thread())
+        return pooled(*args, **kwargs)
+
+    embedder.engine.pooled = recorded
+    try:
+        response = post(registry, "/embed", {"inputs": TEXTS[:2]})
+    finally:
+        del embedder.engine.pooled
+    assert response.status_code == 200
+    assert ran_on and all(thread is loaded_on for thread in ran_on) and loaded_on.name.startswith(THREAD_NAME)
+
+
+def test_the_registry_loads_on_the_compute_thread(monkeypatch):
+    import threading
+
+    from encoderkit.server import registry as registry_module
+    from encoderkit.threads import THREAD_NAME
+
+    threads = []
+    monkeypatch.setattr(registry_module, "load_served_model",
+                        lambda *args, **kwargs: threads.append(threading.current_thread().name))
+    monkeypatch.setattr(registry_module.ModelRegistry, "__init__", lambda self, served: None)
+    ModelRegistry.load([("a", "first"), ("b", "second")])
+    assert len(threads) == 2 and all(name.startswith(THREAD_NAME) for name in threads), threads

@@ -29,6 +29,7 @@ import numpy as np
 from .. import errors as errors_module
 from ..errors import EncoderkitError, InputError
 from ..security.provenance import sha256_file
+from ..threads import on_compute_thread
 from .shard_plan import (MANIFEST, InputShard, Plan, new_manifest, plan_shards, prepare_output, read_shard,
                          write_json_atomically, write_shard)
 
@@ -51,7 +52,11 @@ class DistributedEmbedResult:
 
 
 class ShardEmbedder:
-    """A Ray Data actor: one Embedder, ``threads`` torch threads; maps shard descriptors to embedded rows."""
+    """A Ray Data actor: one Embedder, ``threads`` torch threads; maps shard descriptors to embedded rows.
+
+    Ray calls the constructor and the calls on threads of its own, not always the same one; the model is loaded
+    and run on the process's one compute thread (``encoderkit.threads``: two threads running torch make libgomp
+    stop spinning, which cost 1 worker x 2 threads a tenth of its speed)."""
 
     def __init__(self, model: str | None, threads: int, embedder_options: dict[str, Any],
                  batch_size: int = 512) -> None:
@@ -60,7 +65,7 @@ class ShardEmbedder:
         from ..tasks.embed import Embedder
 
         torch.set_num_threads(threads)
-        self.embedder = Embedder.from_pretrained(model, **embedder_options)
+        self.embedder = on_compute_thread(Embedder.from_pretrained, model, **embedder_options)
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -69,7 +74,7 @@ class ShardEmbedder:
             shard = shard_from_row({name: batch[name][row] for name in _SHARD_FIELDS})
             try:
                 shard_ids, texts = read_shard(shard)
-                vectors.append(self.embedder.encode(texts, batch_size=self.batch_size))
+                vectors.append(on_compute_thread(self.embedder.encode, texts, batch_size=self.batch_size))
             except EncoderkitError as exc:
                 # Returned as data, not raised: Ray passes the driver a wrapper whose cause chain is lost,
                 # and the user should see this one line, not a worker's traceback.

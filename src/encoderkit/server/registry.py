@@ -16,6 +16,7 @@ from ..config import EncoderConfig
 from ..errors import CheckpointError, InputError
 from ..hub import DEFAULT_MODEL_NAMES, default_model_path, resolve_model
 from ..modeling.models import task_from_architectures
+from ..threads import on_compute_thread
 from ..tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -135,9 +136,10 @@ class ModelRegistry:
     def load(cls, models: Sequence[tuple[str | None, str | Path | None]], *, index: str | Path | None = None,
              dtype: str = "fp32", allow_pickle: bool = False, token_budget: int | None = None) -> "ModelRegistry":
         """Load ``models`` ((name or None, directory or None for the default model), ...) and the index.
-        ``token_budget``: padded tokens per forward pass (None: each pipeline's default)."""
-        served = [load_served_model(path, name, dtype=dtype, allow_pickle=allow_pickle, token_budget=token_budget)
-                  for name, path in models]
+        ``token_budget``: padded tokens per forward pass (None: each pipeline's default). Loaded on the compute
+        thread the server runs them on (``encoderkit.threads``)."""
+        served = on_compute_thread(lambda: [load_served_model(path, name, dtype=dtype, allow_pickle=allow_pickle,
+                                                              token_budget=token_budget) for name, path in models])
         registry = cls(served)
         if index is not None:
             registry.search = load_search_index(Path(index), registry)

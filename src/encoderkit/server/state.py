@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from fastapi import Request
 from starlette.responses import Response
 
+from ..threads import compute_executor
 from .batching import Batcher
 from .errors import ApiError
 from .metrics import Metrics
@@ -40,9 +41,10 @@ class ServerState:
 
     # ----- life cycle ---------------------------------------------------------------------------
     def start(self, runners: dict[str, Callable[[ServedModel], Callable[[list[Any]], Sequence[Any]]]]) -> None:
-        """One worker thread for the models (the CPU runs one batch at a time), a batcher per model and work, and
-        one thread for the server's tokenizers (one thread: a tokenizer's truncation setting is state)."""
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoderkit-model")
+        """One worker thread for the models (the CPU runs one batch at a time): the process's compute thread, which
+        loaded them (``encoderkit.threads``); a batcher per model and work; and one thread for the server's
+        tokenizers (one thread: a tokenizer's truncation setting is state)."""
+        self.executor = compute_executor()
         self.tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoderkit-tokenize")
         for name in self.registry.names():
             model = self.registry.get(name)
@@ -59,9 +61,8 @@ class ServerState:
         for batcher in self.batchers.values():
             await batcher.stop()
         self.batchers.clear()
-        for pool in (self.executor, self.tokenizer_thread):
-            if pool is not None:
-                pool.shutdown(wait=True)
+        if self.tokenizer_thread is not None:  # the compute thread is the process's: it stays, idle
+            self.tokenizer_thread.shutdown(wait=True)
         self.executor = self.tokenizer_thread = None
 
     # ----- what every endpoint does ---------------------------------------------------------------

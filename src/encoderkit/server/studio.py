@@ -12,6 +12,7 @@ of the last few inputs are kept, so moving between layers and heads does not run
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..analysis.attention import MASKS, AttentionAnalyzer, AttentionMaps, HeadStatistics
 from ..errors import EncoderkitError, InputError
+from ..threads import compute_executor
 from .endpoints import parse
 from .errors import ApiError, error_response
 
@@ -225,7 +227,9 @@ def mount_studio(app: FastAPI, registry: Registry) -> None:
         # Refusals are answered here, not left to the server's handlers: the studio also mounts on a bare app.
         try:
             body = await parse(request, AttentionRequest)
-            return JSONResponse(await run_in_threadpool(studio.attention, body))
+            # on the compute thread: its model (loaded there on first use) must not start OpenMP teams of its own
+            return JSONResponse(await asyncio.get_running_loop().run_in_executor(compute_executor(), studio.attention,
+                                                                                  body))
         except ApiError as exc:
             return exc.response()
         except InputError as exc:
