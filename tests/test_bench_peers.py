@@ -4,7 +4,9 @@ an encoderkit dtype that does not exist is reported as not available rather than
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +60,17 @@ def test_ctranslate2_contender_equals_sentence_transformers(peers, minilm_dir, t
     pytest.importorskip("ctranslate2")
     contender = peers.ct2_contender("CTranslate2 float32", "float32", peers.convert_ct2(minilm_dir),
                                     peers.PeerTokenizer(minilm_dir), "")
-    assert np.abs(contender.encode(texts) - reference).max() < 1e-5
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
+    with contender.turn():
+        assert np.abs(contender.encode(texts) - reference).max() < 1e-5
+    assert contender.details["compute_type"] == "float32"
+    with pytest.raises(IndexError):  # the encoder is held during a turn only
+        contender.one(texts[0])
+    if threads is not None:  # its worker thread is gone with it
+        deadline = time.monotonic() + 5
+        while len(os.listdir("/proc/self/task")) > threads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(os.listdir("/proc/self/task")) <= threads
 
 
 def test_unknown_encoderkit_dtype_is_not_available(peers, minilm_dir):
