@@ -259,7 +259,10 @@ def render_peers(r: dict[str, Any]) -> list[str]:
              f"threads set explicitly for every runtime; length-sorted batches of {r['batch_size']}; truncation to "
              f"{r['max_length']} tokens; mean pooling and L2 normalisation. Texts in, vectors out: tokenization is "
              f"timed for every row. All in one process, {r['rounds']} interleaved rounds, the median; the ratio to "
-             f"sentence-transformers is the median of per-round ratios. Versions: {versions}."]
+             f"sentence-transformers is the median of per-round ratios. CTranslate2's encoder exists only during "
+             "its own turns: while one that has run exists, its worker thread's OpenMP team, in the libgomp torch "
+             "loaded, makes libgomp stop spinning for every team (torch's single-text latency doubled). "
+             f"Versions: {versions}."]
     load = r.get("load_average_1min")
     if load:
         lines[-1] += (f" 1-minute load average of the machine before and after the rounds: {load['before']:.1f} and "
