@@ -47,11 +47,12 @@ def test_int8_matches_fp32_closely_for_every_family(family) -> None:
     assert (int8 - exact).abs().max() > 1e-6  # it did run in int8
 
 
-def test_int8_products_equal_a_fake_quantised_reference() -> None:
+@pytest.mark.parametrize("rows", [14, 300])  # FBGEMM's kernel (few rows, with AVX512-VNNI) and oneDNN's
+def test_int8_products_equal_a_fake_quantised_reference(rows) -> None:
     """Weights per output channel (symmetric int8), activations per matrix (asymmetric uint8): the kernel's
     product equals the same arithmetic written out in fp32."""
     torch.manual_seed(0)
-    x = torch.randn(50, 64) * 3 + 1
+    x = torch.randn(rows, 64) * 3 + 1
     x[:, 7] *= 8
     weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
     w_scale = weight.abs().amax(1, keepdim=True) / 127
@@ -67,6 +68,28 @@ def test_int8_products_equal_a_fake_quantised_reference() -> None:
     tolerance = 1e-3 if cpu_has_vnni() else 2e-2
     assert (got - expected).abs().max() < tolerance * expected.abs().max()
     assert (got - F.linear(x, weight, bias)).abs().max() > 1e-3  # not the fp32 product
+
+
+def test_small_products_run_on_fbgemm_only_where_it_computes_as_onednn(monkeypatch) -> None:
+    from encoderkit.modeling import inference
+
+    torch.manual_seed(1)
+    weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
+    x = torch.randn(14, 64) * 2
+    layer = Int8Prepacked([weight], [bias], "test")
+    layer(x)
+    if layer.packed is None or not inference._fbgemm_for_small_products():
+        assert layer.packed_small is None
+    else:  # the same arithmetic: equal to fp32 rounding, at a tenth of the int8 error
+        small = torch.ops.quantized.linear_dynamic(x, layer.packed_small, False)
+        large = torch.ops.quantized.linear_dynamic(x, layer.packed, False)
+        assert (small - large).abs().max() < 1e-5 * large.abs().max()
+        assert (layer(x) - small).abs().max() == 0
+        assert (layer(x.repeat(20, 1))[:14] - large).abs().max() == 0  # 280 rows: oneDNN
+    monkeypatch.setattr("encoderkit.precision.cpu_flags", lambda: frozenset({"avx2", "avx_vnni"}))
+    without = Int8Prepacked([weight], [bias], "test")
+    without(x)
+    assert without.packed_small is None  # FBGEMM's 16-bit sums could saturate without AVX512-VNNI
 
 
 def test_int8_prepared_model_still_trains_exactly_and_saves_the_same_state() -> None:

@@ -93,18 +93,33 @@ def _int8_kernel_available() -> bool:
     return "onednn" in torch.backends.quantized.supported_engines
 
 
-def _onednn_prepack(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> object:
-    """oneDNN's packed form of per-channel int8 weights, for ``torch.ops.quantized.linear_dynamic``."""
+def _onednn_prepack(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                    engine: str = "onednn") -> object:
+    """``engine``'s packed form of per-channel int8 weights, for ``torch.ops.quantized.linear_dynamic``."""
     with warnings.catch_warnings():  # PyTorch deprecates quantised tensors, which its prepack still takes
         warnings.simplefilter("ignore")
         weight = torch._make_per_channel_quantized_tensor(quantized, scales.double(),
                                                           torch.zeros(len(scales), dtype=torch.long), 0)
-    engine = torch.backends.quantized.engine
-    torch.backends.quantized.engine = "onednn"  # the engine packs; the packed weights keep their kernel
+    current = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine  # the engine packs; the packed weights keep their kernel
     try:
         return torch.ops.quantized.linear_prepack(weight, bias)
     finally:
-        torch.backends.quantized.engine = engine
+        torch.backends.quantized.engine = current
+
+
+# Products of at most this many rows run on FBGEMM where it computes them exactly as oneDNN does (below).
+SMALL_PRODUCT_ROWS = 128
+
+
+def _fbgemm_for_small_products() -> bool:
+    """FBGEMM's dynamic int8 product costs less per call than oneDNN's: at 14 rows (one short text), all-MiniLM's
+    24 products took 0.70 ms against oneDNN's 1.13 ms (fp32: 1.30 ms); at 128 rows 3.16 against 3.38 ms; at 512
+    rows it is 2x slower (16.3 against 7.6 ms). It adds uint8 x int8 pairs into 16 bits, which can saturate,
+    unless the CPU has AVX512-VNNI (exact 32-bit sums); with it the two engines agree to fp32 rounding."""
+    from ..precision import cpu_flags
+
+    return "fbgemm" in torch.backends.quantized.supported_engines and "avx512_vnni" in cpu_flags()
 
 
 class Int8Prepacked(Prepacked):
@@ -112,8 +127,10 @@ class Int8Prepacked(Prepacked):
     at each call (asymmetric: one scale and zero point per matrix, from its min and max), by PyTorch's dynamic
     quantised linear on oneDNN (``torch.ops.quantized.linear_dynamic``): fp32 in and out, the bias added in
     fp32. Measured at these models' shapes (2 threads, AVX512-VNNI): 2-3x faster than the fp32 oneDNN
-    product, where FBGEMM's (the x86 default engine) was no faster than fp32 and ``onednn.qlinear_pointwise``
-    with plain int8 tensors 4-15x slower. Where PyTorch has no oneDNN the same arithmetic runs in fp32.
+    product in batches, where FBGEMM's (the x86 default engine) was no faster than fp32 and
+    ``onednn.qlinear_pointwise`` with plain int8 tensors 4-15x slower. Products of few rows (one short text)
+    cost oneDNN more per call than FBGEMM, so with AVX512-VNNI those run on FBGEMM, the same arithmetic
+    (``_fbgemm_for_small_products``). Where PyTorch has no oneDNN the same arithmetic runs in fp32.
 
     Why this scheme (measured on all-MiniLM-L6-v2, STS-B dev, bench/int8.py): activations after LayerNorm and
     GELU are skewed, so an asymmetric 8-bit range per matrix loses ~0.01 Spearman points, where a symmetric one
@@ -139,6 +156,7 @@ class Int8Prepacked(Prepacked):
         self.smoothing: torch.Tensor | None = None  # per input channel s: (x / s) times (W * s)
         self.inverse_smoothing: torch.Tensor | None = None
         self.alpha: float | None = None
+        self.packed_small = None  # FBGEMM's pack, for products of few rows (``_fbgemm_for_small_products``)
 
     SAMPLE_ROWS = 512
 
@@ -171,12 +189,17 @@ class Int8Prepacked(Prepacked):
         self.weight = weight.float().contiguous()
         self.bias = None if bias is None else bias.float().contiguous()
         self.quantized, self.scales = _int8_weight(self.weight, self.smoothing)
-        self.packed = None
+        self.packed = self.packed_small = None
         if self.weight.device.type == "cpu" and _int8_kernel_available():
             try:
                 self.packed = _onednn_prepack(self.quantized, self.scales, self.bias)
             except RuntimeError:  # an op missing from this build: the fp32 arithmetic
                 self.packed = None
+            if self.packed is not None and _fbgemm_for_small_products():
+                try:
+                    self.packed_small = _onednn_prepack(self.quantized, self.scales, self.bias, engine="fbgemm")
+                except RuntimeError:
+                    self.packed_small = None
         # without the int8 kernel: the same arithmetic in fp32, with the weight dequantised once here
         self.dequantized = _dequantized(self.quantized, self.scales) if self.packed is None else None
 
@@ -198,7 +221,9 @@ class Int8Prepacked(Prepacked):
             return F.linear(rows, self.weight, self.bias).reshape(*shape[:-1], -1)
         if self.packed is not None and rows.device.type == "cpu":
             scaled = rows if self.inverse_smoothing is None else rows * self.inverse_smoothing
-            out = torch.ops.quantized.linear_dynamic(scaled.contiguous(), self.packed, False)
+            small = self.packed_small is not None and len(rows) <= SMALL_PRODUCT_ROWS
+            out = torch.ops.quantized.linear_dynamic(scaled.contiguous(), self.packed_small if small else self.packed,
+                                                     False)
         else:
             out = _int8_arithmetic(rows, self.dequantized, self.bias, self.inverse_smoothing)
         if self.errors is not None:
