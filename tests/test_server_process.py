@@ -157,3 +157,30 @@ def test_start_up_errors_are_one_line(tmp_path, capsys):
     assert main(["serve", "default", "--model", f"a={tmp_path / 'missing'}", "--port", str(free_port())]) == 2
     assert main(["serve", "default", "--max-client-batch-size", "0", "--port", str(free_port())]) == 2
     assert "max_client_batch_size" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize("environment, expected", [({}, "None"), ({"MALLOC_MMAP_THRESHOLD_": "65536"},
+                                                                   "MALLOC_MMAP_THRESHOLD_ is set")])
+def test_steady_memory_says_when_it_cannot_apply(environment, expected):
+    """In a child process: mallopt changes the allocator of the whole process it runs in."""
+    code = "from encoderkit.server.run import return_large_blocks; print(return_large_blocks())"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")} | environment
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert expected in done.stdout.strip().splitlines()[-1]
+
+
+def test_serve_warns_when_steady_memory_has_no_effect(monkeypatch, caplog):
+    import uvicorn
+
+    from encoderkit.server import app as app_module
+    from encoderkit.server import run as run_module
+    from encoderkit.server.settings import ServerSettings
+
+    monkeypatch.setattr(run_module, "return_large_blocks", lambda: "this C library is not glibc")
+    monkeypatch.setattr(app_module, "create_app", lambda registry, settings: object())
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    with caplog.at_level("WARNING", logger="encoderkit.server.run"):
+        assert run_module.serve(None, ServerSettings(), steady_memory=True) == 0
+    assert "--steady-memory has no effect: this C library is not glibc" in caplog.text

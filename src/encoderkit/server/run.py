@@ -40,7 +40,9 @@ def serve(registry: ModelRegistry, settings: ServerSettings, *, host: str = "127
         log.warning("listening on %s without an API key: anyone who reaches this address can use the models "
                     "(set --api-key or ENCODERKIT_API_KEY)", host)
     if steady_memory:
-        return_large_blocks()
+        unapplied = return_large_blocks()
+        if unapplied:
+            log.warning("--steady-memory has no effect: %s", unapplied)
     config = uvicorn.Config(create_app(registry, settings), host=host, port=port, log_level=log_level,
                             lifespan="on", server_header=False, proxy_headers=False)
     server = uvicorn.Server(config)
@@ -57,7 +59,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 LARGE_BLOCK = 128 * 1024
 
 
-def return_large_blocks() -> bool:
+def return_large_blocks() -> str | None:
     """Keep a long-running server's resident memory flat: blocks of 128 KiB and more (activations) are mapped and
     returned to the system when freed, and freed memory at the heap's top is released.
 
@@ -67,15 +69,20 @@ def return_large_blocks() -> bool:
     plateau after about two minutes; with these settings it stays at about 870 MiB from the first 30 s, but the
     server's throughput fell by about 30% (each large block is mapped and faulted in anew), hence opt-in
     (``--steady-memory``). A user who
-    sets MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ keeps their own choice. Not glibc: nothing changes."""
-    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
-        return False
+    sets MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ keeps their own choice. Not glibc: nothing changes.
+
+    Returns None when the settings took effect, else why they did not (the server says so)."""
+    own = [name for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_") if name in os.environ]
+    if own:
+        return f"{' and '.join(own)} {'is' if len(own) == 1 else 'are'} set in the environment, and kept"
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK)) and bool(mallopt(_M_TRIM_THRESHOLD, LARGE_BLOCK))
+        return "this C library is not glibc (no libc.so.6 with mallopt); resident memory is left to it"
+    if not (mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK) and mallopt(_M_TRIM_THRESHOLD, LARGE_BLOCK)):
+        return "glibc refused the mallopt settings"
+    return None
 
 
 def _stopped(signum: int, frame: Any) -> None:
