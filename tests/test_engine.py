@@ -204,13 +204,13 @@ def test_tokenizer_encode_ids_is_unpadded(minilm_dir) -> None:
 def test_for_inference_fuses_gelu_and_residual_adds() -> None:
     """After for_inference the exact GELU and the post-norm residual adds run inside the oneDNN products (no
     gelu or add op left in the layers), and one sequence alone, whose SDPA output is taken as the rows without
-    a copy, still equals the plain path."""
-    from encoderkit.modeling.inference import _onednn_available
+    a copy, still equals the plain path. (40 tokens: more rows than MKL's products of few rows take.)"""
+    from encoderkit.modeling.inference import SMALL_FP32_ROWS, _onednn_available
 
     if not _onednn_available():
         pytest.skip("this torch build has no oneDNN linear ops: nothing is fused")
     model = random_model("bert")
-    ids, types = random_sequences(model.config, [13])
+    ids, types = random_sequences(model.config, [SMALL_FP32_ROWS + 8])
     input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
     with torch.no_grad():
         plain = model(input_ids, mask, type_ids).last_hidden_state[0]
@@ -230,6 +230,41 @@ def test_for_inference_fuses_gelu_and_residual_adds() -> None:
                 module.dropout_p = 0.0
         trained = model(input_ids, mask, type_ids).last_hidden_state[0]
     assert (trained - plain).abs().max() <= 1e-5
+
+
+def test_products_of_few_rows_run_on_mkl_where_it_is_the_faster_kernel(monkeypatch) -> None:
+    """On an Intel CPU with MKL, fp32 products of at most SMALL_FP32_ROWS rows (one short text) run on MKL's packed
+    GEMM, the GELU and the residual adds in place after them; longer inputs stay on oneDNN. Either way the states
+    equal the plain path. Elsewhere (another vendor's CPU) no MKL product runs."""
+    from encoderkit.modeling import inference
+
+    model = random_model("bert")
+    ids, types = random_sequences(model.config, [9])
+    input_ids, mask, type_ids = padded(ids, types, model.config.pad_token_id)
+    with torch.no_grad():
+        plain = model(input_ids, mask, type_ids).last_hidden_state[0]
+    engine = engine_for(model, "fp32")
+    list(engine.run(ids, types))  # the packs are made at the first call, and MKL's own check runs once: unprofiled
+    with torch.profiler.profile() as profiler:
+        ((_, hidden, _),) = list(engine.run(ids, types))
+    names = [event.name for event in profiler.events()]
+    assert (hidden - plain).abs().max() <= 1e-5
+    if inference.mkl_for_small_products():
+        assert names.count("mkl::_mkl_linear") == 4 * 3  # qkv, attention output, ffn in and out in each of 3 layers
+        assert "mkldnn::_linear_pointwise" not in names
+        assert names.count("aten::gelu_") == 3 and names.count("aten::add_") == 2 * 3
+        long_ids, long_types = random_sequences(model.config, [inference.SMALL_FP32_ROWS + 1])
+        with torch.profiler.profile() as profiler:
+            list(engine.run(long_ids, long_types))
+        assert "mkl::_mkl_linear" not in [event.name for event in profiler.events()]
+    else:
+        assert "mkl::_mkl_linear" not in names
+    inference.mkl_for_small_products.cache_clear()
+    monkeypatch.setattr("encoderkit.precision.cpu_vendor", lambda: "AuthenticAMD")
+    try:
+        assert not inference.mkl_for_small_products()
+    finally:
+        inference.mkl_for_small_products.cache_clear()
 
 
 def test_bf16_on_a_cpu_without_native_bf16_warns_and_names_the_better_choice(monkeypatch, caplog):

@@ -30,6 +30,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_vendor() -> str:
+    """The CPU's vendor id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...; "" where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
 def cpu_has_native_bf16() -> bool:
     """True when the CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16)."""
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
