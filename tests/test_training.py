@@ -200,3 +200,22 @@ def test_fill_mask_refuses_a_model_without_mlm_head(minilm_dir) -> None:
 
     with pytest.raises(InputError, match="without a trained MLM head"):
         FillMask.from_pretrained(minilm_dir)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 50.0])  # below and above the gradients' norm
+def test_clip_gradients_equals_torch_clip_grad_norm(max_norm) -> None:
+    from encoderkit.training.trainer import clip_gradients
+
+    generator = torch.Generator().manual_seed(0)
+    ours = [torch.nn.Parameter(torch.zeros(n)) for n in (7, 30)]
+    theirs = [torch.nn.Parameter(torch.zeros(n)) for n in (7, 30)]
+    for a, b in zip(ours, theirs):
+        a.grad = torch.randn(a.shape, generator=generator)
+        b.grad = a.grad.clone()
+    unused = torch.nn.Parameter(torch.zeros(3))  # no gradient: skipped, as torch does
+    norm = clip_gradients(iter(ours + [unused]), max_norm)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    assert norm == float(expected)
+    assert (norm > max_norm) == (max_norm == 0.5)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.grad, b.grad)

@@ -32,6 +32,7 @@ def test_products_and_gradients_match_float64(shape) -> None:
     original = training_linear._OneDnnLinear.apply
     with pytest.MonkeyPatch.context() as patch:  # prove the oneDNN path ran, not the F.linear fallback
         patch.setattr(training_linear._OneDnnLinear, "apply", lambda *a: calls.append(1) or original(*a))
+        patch.setattr(training_linear, "onednn_for_training", lambda: True)  # whatever this CPU's vendor
         out = linear(x, weight, bias)
     assert calls and out.shape == (*shape[:-1], 64)
     out.backward(grad)
@@ -75,3 +76,16 @@ def test_for_training_swaps_plain_linears_in_place() -> None:
     assert all(p.grad is not None for p in model.classifier.parameters())
     model.eval()
     torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_training_products_use_onednn_except_on_intel_cpus(monkeypatch) -> None:
+    """oneDNN serves the training products where it is the faster kernel: not on Intel CPUs, where MKL is."""
+    for vendor, expected in (("GenuineIntel", False), ("AuthenticAMD", onednn_linear_available())):
+        training_linear.onednn_for_training.cache_clear()
+        monkeypatch.setattr("encoderkit.precision.cpu_vendor", lambda: vendor)
+        try:
+            assert training_linear.onednn_for_training() is expected
+            x, weight = torch.randn(5, 8), torch.randn(3, 8, requires_grad=True)
+            assert training_linear._use_onednn(x, weight, None) is expected
+        finally:
+            training_linear.onednn_for_training.cache_clear()
