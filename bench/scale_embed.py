@@ -3,7 +3,8 @@
 machine's CPUs.
 
 Contenders, each the whole job (load the model, read the JSONL, embed, write the output):
-  - no Ray: the single-process engine (``embed_file``), 2 torch threads, chunks of --shard-size texts;
+  - no Ray: the single-process engine (``embed_file``), 2 torch threads in two lanes (as `encoderkit embed` runs),
+    chunks of --shard-size texts;
   - Ray, 1 worker x 2 threads and Ray, 2 workers x 1 thread: ``embed_with_ray`` with shards of --shard-size
     texts, on a local cluster of 2 CPUs. The job's time counts the actors' start and their model loading; the
     cluster's start (``ray.init``) is measured apart, as it is paid once per command, not per text.
@@ -29,7 +30,7 @@ from typing import Any
 
 from common import SHARED, median, require, write_result
 
-CONTENDERS = {"local": "no Ray (1 process, 2 threads)", "ray-1x2": "Ray, 1 worker x 2 threads",
+CONTENDERS = {"local": "no Ray (1 process, 2 threads in 2 lanes)", "ray-1x2": "Ray, 1 worker x 2 threads (2 lanes)",
               "ray-2x1": "Ray, 2 workers x 1 thread"}
 DATA = SHARED / "data" / "ag_news" / "train_subset_10k.tsv"
 
@@ -41,6 +42,7 @@ def child(contender: str, source: Path, out: Path, shard_size: int) -> dict[str,
 
     written: list[tuple[float, int]] = []  # (seconds since the start, rows) per chunk/shard written
     if contender == "local":
+        from encoderkit.engine import lanes_for
         from encoderkit.tasks.embed import Embedder, embed_file
 
         torch.set_num_threads(2)
@@ -54,7 +56,7 @@ def child(contender: str, source: Path, out: Path, shard_size: int) -> dict[str,
 
         embedder.encode = timed_encode
         result = embed_file(source, out / "vectors.npy", id_field="id", chunk_size=shard_size, embedder=embedder,
-                            show_progress=False)
+                            show_progress=False, lanes=lanes_for(2))  # as `encoderkit embed` runs
         return {"job_seconds": time.perf_counter() - STARTED, "rows": result.rows, "cluster_start_seconds": 0.0,
                 "workers": 1, "written": written}
     from encoderkit.embeddings.distributed import embed_with_ray, ray_cluster

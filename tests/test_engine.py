@@ -283,3 +283,21 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_and_names_the_better_choice(mon
     with caplog.at_level(logging.WARNING, logger="encoderkit.precision"):
         assert precision.resolve_dtype("bf16") == torch.bfloat16
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_lanes_give_the_same_vectors_and_give_torch_its_threads_back(minilm_embedder) -> None:
+    """Two lanes (Engine.in_lanes) embed what one does, every sequence once, and torch's thread count is what it
+    was before, also after a lane failed."""
+    texts = [f"sentence number {i} " + "word " * (i % 37) for i in range(150)]
+    threads = torch.get_num_threads()
+    seen = []
+    one = minilm_embedder.encode(texts, batch_size=16)
+    two = minilm_embedder.encode(texts, batch_size=16, lanes=2, progress=seen.append)
+    assert np.abs(one - two).max() <= 1e-6
+    assert sum(seen) == len(texts) and len(seen) > 2
+    assert torch.get_num_threads() == threads
+    with pytest.raises(ValueError):  # a lane's error reaches the caller
+        minilm_embedder.engine.pooled([[101, 102], []], lanes=2)
+    assert torch.get_num_threads() == threads
+    with pytest.raises(Exception, match="lanes must be a positive integer"):
+        minilm_embedder.engine.in_lanes([[101, 102]], None, 0, lambda *args: None)

@@ -9,12 +9,15 @@ indices of its sequences, so the caller restores input order.
 """
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from .errors import InputError
 from .modeling.encoder import EncoderModel
 from .modeling.inference import for_inference
 from .modeling.packing import Packing, plan_batches, pool_packed
@@ -41,16 +44,75 @@ class Engine:
 
     def pooled(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
                pooling: str = "mean", max_batch_size: int | None = None,
-               progress: Callable[[int], None] | None = None) -> torch.Tensor:
+               progress: Callable[[int], None] | None = None, lanes: int = 1) -> torch.Tensor:
         """(sequences, hidden) fp32 pooled final states (``pooling``: a ``modeling.packing.pool_packed`` mode),
-        in input order; ``progress`` is called with each batch's sequence count."""
+        in input order; ``progress`` is called with each batch's sequence count.
+
+        ``lanes``: run the batches on that many threads sharing torch's threads (``in_lanes``) instead of on this
+        thread with all of them. For jobs that own the process (``encoderkit embed``, a Ray actor): torch's thread
+        count is process-wide, so it is the lanes' share while they run, and restored after."""
         out = torch.zeros(len(ids), self.encoder.config.hidden_size, dtype=torch.float32)
-        if len(ids):
-            for indices, hidden, packing in self.run(ids, types, max_batch_size=max_batch_size):
-                out[torch.from_numpy(indices)] = pool_packed(hidden, packing, pooling)
-                if progress is not None:
+        if not len(ids):
+            return out
+
+        reporting = threading.Lock()  # lanes report from their own threads
+
+        def pool_into(indices: np.ndarray, hidden: torch.Tensor, packing: Packing) -> None:
+            out[torch.from_numpy(indices)] = pool_packed(hidden, packing, pooling)  # each lane its own rows
+            if progress is not None:
+                with reporting:
                     progress(len(indices))
+
+        if lanes > 1:
+            self.in_lanes(ids, types, lanes, pool_into, max_batch_size=max_batch_size)
+        else:
+            for indices, hidden, packing in self.run(ids, types, max_batch_size=max_batch_size):
+                pool_into(indices, hidden, packing)
         return out
+
+    def in_lanes(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, lanes: int,
+                 consume: Callable[[np.ndarray, torch.Tensor, Packing], None], *,
+                 max_batch_size: int | None = None) -> None:
+        """``run``'s batches dealt in turn (longest first) to ``lanes`` threads, each with an equal share of torch's
+        threads (one at least); each lane hands its batches to ``consume`` (indices into ``ids``, states,
+        packing), from its own thread.
+
+        Why: with two torch threads, every op of a forward pass ends at a barrier where one thread waits for the
+        other, so a thread that another process preempts stalls both. Lanes wait for nobody. Measured embedding
+        ag_news on 2 CPUs (Intel Xeon, all-MiniLM-L6-v2): two lanes 141 texts/s against 135 with two torch threads
+        (median of 4 interleaved rounds); on a local Ray cluster, whose daemons take about 6% of the CPUs, two
+        single-threaded actors ran 1.07x one process of two threads, one actor of two threads 0.90x."""
+        if lanes < 1:
+            raise InputError(f"lanes must be a positive integer, found {lanes!r}")
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        budget = max(self.precision.token_budget, int(lengths.max(initial=1)))
+        batches = plan_batches(lengths, budget, max_batch_size or self.max_batch_size)
+        dealt = [np.concatenate(batches[lane::lanes]) for lane in range(min(lanes, len(batches)))]
+        self._prepare()  # packed weights made once, here, rather than by the lanes at once
+
+        threads = torch.get_num_threads()
+
+        def lane(members: np.ndarray) -> None:
+            torch.set_num_threads(max(1, threads // lanes))
+            lane_ids = [ids[i] for i in members]
+            lane_types = None if types is None else [types[i] for i in members]
+            for indices, hidden, packing in self.run(lane_ids, lane_types, max_batch_size=max_batch_size):
+                consume(members[indices], hidden, packing)
+
+        try:
+            with ThreadPoolExecutor(len(dealt), thread_name_prefix="encoderkit-lane") as pool:
+                for done in [pool.submit(lane, members) for members in dealt]:
+                    done.result()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _prepare(self) -> None:
+        """Make every packed weight now (they are made at their first product otherwise)."""
+        first = next(iter(self.encoder.parameters()))
+        with torch.inference_mode():
+            self.encoder.forward_packed(torch.zeros(1, dtype=torch.long, device=first.device),
+                                        Packing.from_lengths([1], overhead=0, device=first.device,
+                                                             mask_dtype=self.precision.dtype))
 
     def run(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
             max_batch_size: int | None = None, progress: str | None = None
@@ -75,6 +137,13 @@ class Engine:
                 bar.advance(len(indices))
 
 
+def lanes_for(threads: int) -> int:
+    """The lanes a job that owns the process embeds in (``Engine.in_lanes``): two where torch has two threads or
+    more. On 2 CPUs (Intel Xeon, all-MiniLM-L6-v2, 300 ag_news texts), two lanes of one thread ran 1.13x one lane
+    of two threads, the median of 10 interleaved rounds (0.99x to 1.50x)."""
+    return 2 if threads >= 2 else 1
+
+
 def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
     total = sum(len(row) for row in rows)
     flat = np.fromiter((t for row in rows for t in row), dtype=np.int64, count=total)
@@ -95,4 +164,4 @@ def engine_for(model: nn.Module, dtype: str | torch.dtype | Precision = "fp32", 
     return Engine(getattr(model, "encoder", model), precision, calibration=calibration)
 
 
-__all__ = ["Engine", "engine_for"]
+__all__ = ["Engine", "engine_for", "lanes_for"]

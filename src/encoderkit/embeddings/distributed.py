@@ -56,7 +56,9 @@ class ShardEmbedder:
 
     Ray calls the constructor and the calls on threads of its own, not always the same one; the model is loaded
     and run on the process's one compute thread (``encoderkit.threads``: two threads running torch make libgomp
-    stop spinning, which cost 1 worker x 2 threads a tenth of its speed)."""
+    stop spinning, which cost 1 worker x 2 threads a tenth of its speed). With two threads or more, the batches
+    run in two lanes that share them (``Engine.in_lanes``), as ``encoderkit embed`` runs: with two torch threads,
+    each of Ray's daemons that preempts one thread stalls both at the next barrier."""
 
     def __init__(self, model: str | None, threads: int, embedder_options: dict[str, Any],
                  batch_size: int = 512) -> None:
@@ -64,9 +66,12 @@ class ShardEmbedder:
 
         from ..tasks.embed import Embedder
 
+        from ..engine import lanes_for
+
         torch.set_num_threads(threads)
         self.embedder = on_compute_thread(Embedder.from_pretrained, model, **embedder_options)
         self.batch_size = batch_size
+        self.lanes = lanes_for(threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         shard_column, ids, vectors, errors = [], [], [], []
@@ -74,7 +79,8 @@ class ShardEmbedder:
             shard = shard_from_row({name: batch[name][row] for name in _SHARD_FIELDS})
             try:
                 shard_ids, texts = read_shard(shard)
-                vectors.append(on_compute_thread(self.embedder.encode, texts, batch_size=self.batch_size))
+                vectors.append(on_compute_thread(self.embedder.encode, texts, batch_size=self.batch_size,
+                                                 lanes=self.lanes))
             except EncoderkitError as exc:
                 # Returned as data, not raised: Ray passes the driver a wrapper whose cause chain is lost,
                 # and the user should see this one line, not a worker's traceback.

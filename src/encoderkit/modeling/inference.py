@@ -4,8 +4,9 @@ The encoder's linear layers become ``PackedLinear``: still ``nn.Linear`` (same p
 training and saving see no difference), but when no gradient is wanted on CPU they multiply with a copy of
 the weight pre-packed once into oneDNN's blocked layout, in the compute dtype (fp32, or bf16 with fp32
 LayerNorm, softmax statistics and residual stream). On Intel CPUs, fp32 products of few rows (one short text)
-run on MKL's packed GEMM instead, which costs less per call (``mkl_for_small_products``). Query, key and value, which BERT-style checkpoints keep
-as three matrices, get one pre-packed fused projection (one tall GEMM instead of three narrow ones).
+run on MKL's packed GEMM instead, which costs less per call (``mkl_for_small_products``). Query, key and
+value, which BERT-style checkpoints keep as three matrices, get one pre-packed fused projection (one tall GEMM
+instead of three narrow ones).
 
 With ``int8=True`` the same layers multiply in int8 instead (``Int8Prepacked``: per-channel int8 weights,
 activations quantised per call), for inference only: a product that wants a gradient still runs in fp32.

@@ -129,7 +129,7 @@ class Embedder:
 
     def encode(self, texts: Sequence[str] | str, *, batch_size: int = 512, normalize: bool | None = None,
                convert_to: str = "numpy", progress: Callable[[int], None] | None = None,
-               truncate_dim: int | None = None) -> np.ndarray | torch.Tensor:
+               truncate_dim: int | None = None, lanes: int = 1) -> np.ndarray | torch.Tensor:
         """Embed texts, returned in input order: float32 array (or tensor) of shape (len(texts), dimension).
 
         ``batch_size`` caps the sequences per batch; the token budget sets the batch in tokens.
@@ -139,6 +139,8 @@ class Embedder:
         module) applies to the full vector *before* the cut, so truncated vectors are then not of unit
         length; ``normalize=True`` (sentence-transformers' ``normalize_embeddings``) also normalises after
         the cut; ``normalize=False`` normalises nowhere.
+        ``lanes``: for a job that owns the process, the batches run on that many threads of one torch thread
+        each, rather than on this thread with torch's threads (``Engine.pooled``); the same vectors.
         """
         single = isinstance(texts, str)
         if single:
@@ -156,13 +158,13 @@ class Embedder:
         if len(texts):
             ids, types, owner = self._tokenize(texts)
             if len(ids) > len(texts):  # a text's windows are averaged, weighted by their token counts
-                pieces = self.encode_tokens(ids, types, batch_size=batch_size)
+                pieces = self.encode_tokens(ids, types, batch_size=batch_size, lanes=lanes)
                 rows = torch.from_numpy(owner)
                 weights = torch.tensor([len(piece) for piece in ids], dtype=torch.float32)
                 totals = torch.zeros(len(texts), dtype=torch.float32).index_add_(0, rows, weights)
                 out = out.index_add_(0, rows, pieces * weights[:, None]) / totals[:, None]
             else:
-                out = self.encode_tokens(ids, types, batch_size=batch_size, progress=progress)
+                out = self.encode_tokens(ids, types, batch_size=batch_size, progress=progress, lanes=lanes)
             if self.normalize if normalize is None else normalize:  # the model's normalisation: the full vector
                 out = F.normalize(out, p=2, dim=1)
         if truncate_dim is not None and truncate_dim < out.shape[1]:
@@ -173,10 +175,12 @@ class Embedder:
         return result.numpy() if convert_to == "numpy" else result
 
     def encode_tokens(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
-                      batch_size: int | None = None, progress: Callable[[int], None] | None = None) -> torch.Tensor:
+                      batch_size: int | None = None, progress: Callable[[int], None] | None = None,
+                      lanes: int = 1) -> torch.Tensor:
         """Pooled, unnormalised vectors of sequences tokenised by the caller (one row each, in input order):
         for a caller that tokenises anyway (the server counts tokens and checks lengths before queueing)."""
-        return self.engine.pooled(ids, types, pooling=self.pooling, max_batch_size=batch_size, progress=progress)
+        return self.engine.pooled(ids, types, pooling=self.pooling, max_batch_size=batch_size, progress=progress,
+                                  lanes=lanes)
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -206,14 +210,15 @@ def _output_paths(out_path: Path) -> tuple[Path, Path, Path, Path]:
 def embed_file(input_path: str | Path, out_path: str | Path, *, model: str | Path | None = None,
                fmt: str | None = None, text_field: str | None = None, id_field: str | None = None,
                chunk_size: int = 4096, resume: bool = True, embedder: Embedder | None = None,
-               show_progress: bool = True, **embedder_options) -> EmbedResult:
+               show_progress: bool = True, lanes: int = 1, **embedder_options) -> EmbedResult:
     """Embed every record of a text/JSONL/CSV file into ``out_path`` (float32 .npy) and its ids
     (``<out>.ids.txt``), ``chunk_size`` records at a time.
 
     Rows go to ``<out>.partial`` (a memory-mapped .npy) and the ids to ``<out>.ids.txt.partial``;
     after every chunk ``<out>.progress.json`` records how many rows are safely written. A run that
     is interrupted continues from there (``resume=True``); only a finished run renames the partial
-    files to their final names, so the output path never holds a half-written file.
+    files to their final names, so the output path never holds a half-written file. ``lanes``: see
+    ``Embedder.encode`` (``encoderkit embed`` runs two where torch has two threads or more).
     """
     from ..data.readers import count_records, iter_records
     from ..progress import Progress
@@ -259,7 +264,7 @@ def embed_file(input_path: str | Path, out_path: str | Path, *, model: str | Pat
             chunk = [record for _, record in zip(range(chunk_size), records)]
             if not chunk:
                 break
-            vectors[row:row + len(chunk)] = embedder.encode([r.text for r in chunk])
+            vectors[row:row + len(chunk)] = embedder.encode([r.text for r in chunk], lanes=lanes)
             ids_handle.write("".join(r.id.replace("\n", " ") + "\n" for r in chunk))
             row += len(chunk)
             vectors.flush()
