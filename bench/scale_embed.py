@@ -11,7 +11,7 @@ Contenders, each the whole job (load the model, read the JSONL, embed, write the
 Every measurement runs in a fresh subprocess (so no Ray process runs beside the no-Ray contender), in interleaved
 order, rotated every repeat. Ratios are per repeat, the median reported.
 
-    runlock exclusive python bench/scale_embed.py [--texts 30000] [--shard-size 500] [--repeats 3]
+    python bench/scale_embed.py [--texts 30000] [--shard-size 500] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def main() -> None:
     print(f"Ray overhead at one worker (2 threads) against no Ray: {100 * overhead:+.1f}% of the whole job, "
           f"{100 * steady_overhead:+.1f}% in the steady state (goal < 10%)")
     write_result("scale_embed", {
-        "command": f"runlock exclusive python bench/scale_embed.py --texts {args.texts} "
+        "command": f"python bench/scale_embed.py --texts {args.texts} "
                    f"--shard-size {args.shard_size} --repeats {args.repeats}",
         "texts": len(rows), "data": "ag_news/train_subset_10k.tsv (its 10,000 texts, repeated past that)", "model": "all-MiniLM-L6-v2 fp32",
         "shard_size": args.shard_size, "repeats": args.repeats, "ray_overhead_one_worker": overhead,
