@@ -3,6 +3,8 @@ linears) equals the plain padded path of the same model, for every family."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -285,19 +287,58 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_and_names_the_better_choice(mon
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
-def test_lanes_give_the_same_vectors_and_give_torch_its_threads_back(minilm_embedder) -> None:
-    """Two lanes (Engine.in_lanes) embed what one does, every sequence once, and torch's thread count is what it
-    was before, also after a lane failed."""
+def test_lanes_give_the_same_vectors_and_give_torch_its_threads_back(minilm_embedder, monkeypatch) -> None:
+    """Two lanes (Engine.in_lanes) embed what one does, every sequence once, on threads of their own, and torch's
+    thread count is what it was before, also after a lane failed. The default takes lanes only where this is the
+    only Python thread; one batch, or another lane job running, stays on the caller's thread."""
+    import threading
+
+    from encoderkit import engine
+
     texts = [f"sentence number {i} " + "word " * (i % 37) for i in range(150)]
     threads = torch.get_num_threads()
-    seen = []
-    one = minilm_embedder.encode(texts, batch_size=16)
-    two = minilm_embedder.encode(texts, batch_size=16, lanes=2, progress=seen.append)
-    assert np.abs(one - two).max() <= 1e-6
-    assert sum(seen) == len(texts) and len(seen) > 2
-    assert torch.get_num_threads() == threads
-    with pytest.raises(ValueError):  # a lane's error reaches the caller
-        minilm_embedder.engine.pooled([[101, 102], []], lanes=2)
-    assert torch.get_num_threads() == threads
-    with pytest.raises(Exception, match="lanes must be a positive integer"):
-        minilm_embedder.engine.in_lanes([[101, 102]], None, 0, lambda *args: None)
+    torch.set_num_threads(2)
+    try:
+        def run(**options) -> tuple[np.ndarray, set[str]]:
+            names, counts = set(), []
+
+            def progress(n: int) -> None:
+                counts.append(n)
+                names.add(threading.current_thread().name.split("_")[0])
+            vectors = minilm_embedder.encode(texts, batch_size=16, progress=progress, **options)
+            assert sum(counts) == len(texts) and len(counts) > 2
+            assert torch.get_num_threads() == 2
+            return vectors, names
+
+        one, where = run(lanes=1)
+        assert where == {"MainThread"}
+        two, where = run(lanes=2)
+        assert np.abs(one - two).max() <= 1e-6
+        assert where == {"encoderkit-lane"}
+        monkeypatch.setattr(engine, "owns_process", lambda: True)
+        assert run()[1] == {"encoderkit-lane"}
+        monkeypatch.setattr(engine, "owns_process", lambda: False)
+        assert run()[1] == {"MainThread"}
+        with engine._LANES:  # another job's lanes are running: this one keeps to its thread
+            assert run(lanes=2)[1] == {"MainThread"}
+        seen = []
+        minilm_embedder.encode(texts[:3], lanes=2, progress=lambda n: seen.append(threading.current_thread().name))
+        assert seen == ["MainThread"]  # one batch: no lane, torch's threads as they are
+        with pytest.raises(ValueError):  # a lane's error reaches the caller
+            minilm_embedder.engine.pooled([[101, 102], []], lanes=2, max_batch_size=1)
+        assert torch.get_num_threads() == 2 and not engine._LANES.locked()
+        with pytest.raises(Exception, match="lanes must be a positive integer"):
+            minilm_embedder.engine.in_lanes([[101, 102]], None, 0, lambda *args: None)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_owns_process_only_as_the_one_python_thread() -> None:
+    code = ("import threading\nfrom encoderkit.engine import owns_process\nalone = owns_process()\n"
+            "stop = threading.Event()\nother = threading.Thread(target=stop.wait)\nother.start()\n"
+            "beside = owns_process()\nstop.set()\nother.join()\nseen = []\n"
+            "inside = threading.Thread(target=lambda: seen.append(owns_process()))\ninside.start()\n"
+            "inside.join()\nprint(alone, beside, seen[0], owns_process())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "False", "True"]

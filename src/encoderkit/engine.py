@@ -44,13 +44,14 @@ class Engine:
 
     def pooled(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
                pooling: str = "mean", max_batch_size: int | None = None,
-               progress: Callable[[int], None] | None = None, lanes: int = 1) -> torch.Tensor:
+               progress: Callable[[int], None] | None = None, lanes: int | None = 1) -> torch.Tensor:
         """(sequences, hidden) fp32 pooled final states (``pooling``: a ``modeling.packing.pool_packed`` mode),
         in input order; ``progress`` is called with each batch's sequence count.
 
         ``lanes``: run the batches on that many threads sharing torch's threads (``in_lanes``) instead of on this
-        thread with all of them. For jobs that own the process (``encoderkit embed``, a Ray actor): torch's thread
-        count is process-wide, so it is the lanes' share while they run, and restored after."""
+        thread with all of them. torch's thread count is process-wide, so it is the lanes' share while they run,
+        and restored after: for jobs that own the process (``encoderkit embed``, a Ray actor). ``None``: two lanes
+        where ``owns_process()`` says no other Python thread could see the change, else one."""
         out = torch.zeros(len(ids), self.encoder.config.hidden_size, dtype=torch.float32)
         if not len(ids):
             return out
@@ -63,6 +64,8 @@ class Engine:
                 with reporting:
                     progress(len(indices))
 
+        if lanes is None:
+            lanes = lanes_for(torch.get_num_threads()) if owns_process() else 1
         if lanes > 1:
             self.in_lanes(ids, types, lanes, pool_into, max_batch_size=max_batch_size)
         else:
@@ -82,14 +85,19 @@ class Engine:
         ag_news on 2 CPUs (Intel Xeon, all-MiniLM-L6-v2): two lanes 141 texts/s against 135 with two torch threads
         (median of 4 interleaved rounds); on a local Ray cluster, whose daemons take about 6% of the CPUs, two
         single-threaded actors ran 1.07x one process of two threads, one actor of two threads 0.90x."""
-        if lanes < 1:
+        if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
             raise InputError(f"lanes must be a positive integer, found {lanes!r}")
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         budget = max(self.precision.token_budget, int(lengths.max(initial=1)))
         batches = plan_batches(lengths, budget, max_batch_size or self.max_batch_size)
-        dealt = [np.concatenate(batches[lane::lanes]) for lane in range(min(lanes, len(batches)))]
-        self._prepare()  # packed weights made once, here, rather than by the lanes at once
-
+        lanes = min(lanes, len(batches), torch.get_num_threads())
+        # one batch, one thread, or another job's lanes running in this process (whose thread count this one
+        # would capture and restore): this thread, with torch's threads as they are
+        if lanes < 2 or not _LANES.acquire(blocking=False):
+            for indices, hidden, packing in self.run(ids, types, max_batch_size=max_batch_size):
+                consume(indices, hidden, packing)
+            return
+        dealt = [np.concatenate(batches[lane::lanes]) for lane in range(lanes)]
         threads = torch.get_num_threads()
 
         def lane(members: np.ndarray) -> None:
@@ -100,11 +108,13 @@ class Engine:
                 consume(members[indices], hidden, packing)
 
         try:
+            self._prepare()  # packed weights made once, here, rather than by the lanes at once
             with ThreadPoolExecutor(len(dealt), thread_name_prefix="encoderkit-lane") as pool:
                 for done in [pool.submit(lane, members) for members in dealt]:
                     done.result()
         finally:
             torch.set_num_threads(threads)
+            _LANES.release()
 
     def _prepare(self) -> None:
         """Make every packed weight now (they are made at their first product otherwise)."""
@@ -144,6 +154,16 @@ def lanes_for(threads: int) -> int:
     return 2 if threads >= 2 else 1
 
 
+def owns_process() -> bool:
+    """Whether this is the only Python thread alive, so that no other one could see torch's thread count change
+    while lanes run (a script, a job; not a server, a notebook kernel or an application with threads of its
+    own)."""
+    return threading.current_thread() is threading.main_thread() and threading.active_count() == 1
+
+
+_LANES = threading.Lock()  # one lane job at a time changes torch's thread count
+
+
 def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
     total = sum(len(row) for row in rows)
     flat = np.fromiter((t for row in rows for t in row), dtype=np.int64, count=total)
@@ -164,4 +184,4 @@ def engine_for(model: nn.Module, dtype: str | torch.dtype | Precision = "fp32", 
     return Engine(getattr(model, "encoder", model), precision, calibration=calibration)
 
 
-__all__ = ["Engine", "engine_for", "lanes_for"]
+__all__ = ["Engine", "engine_for", "lanes_for", "owns_process"]

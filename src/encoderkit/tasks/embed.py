@@ -129,7 +129,7 @@ class Embedder:
 
     def encode(self, texts: Sequence[str] | str, *, batch_size: int = 512, normalize: bool | None = None,
                convert_to: str = "numpy", progress: Callable[[int], None] | None = None,
-               truncate_dim: int | None = None, lanes: int = 1) -> np.ndarray | torch.Tensor:
+               truncate_dim: int | None = None, lanes: int | None = None) -> np.ndarray | torch.Tensor:
         """Embed texts, returned in input order: float32 array (or tensor) of shape (len(texts), dimension).
 
         ``batch_size`` caps the sequences per batch; the token budget sets the batch in tokens.
@@ -139,8 +139,12 @@ class Embedder:
         module) applies to the full vector *before* the cut, so truncated vectors are then not of unit
         length; ``normalize=True`` (sentence-transformers' ``normalize_embeddings``) also normalises after
         the cut; ``normalize=False`` normalises nowhere.
-        ``lanes``: for a job that owns the process, the batches run on that many threads of one torch thread
-        each, rather than on this thread with torch's threads (``Engine.pooled``); the same vectors.
+        ``lanes``: the batches run on that many threads, sharing torch's threads, rather than on this thread with
+        all of them (``Engine.in_lanes``); the same vectors. torch's thread count is process-wide, so the lanes
+        change it while they run: the default (None) takes two lanes only where this is the only Python thread
+        (``engine.owns_process``: a script or a job, not a server or a notebook), else one; ``lanes=1`` never
+        changes it. On 2 CPUs (Intel Xeon, all-MiniLM-L6-v2, 2,000 texts in batches of 32) two lanes ran 1.41x
+        one lane of two threads (bench/peers.py, median of 3 interleaved rounds).
         """
         single = isinstance(texts, str)
         if single:
@@ -210,7 +214,7 @@ def _output_paths(out_path: Path) -> tuple[Path, Path, Path, Path]:
 def embed_file(input_path: str | Path, out_path: str | Path, *, model: str | Path | None = None,
                fmt: str | None = None, text_field: str | None = None, id_field: str | None = None,
                chunk_size: int = 4096, resume: bool = True, embedder: Embedder | None = None,
-               show_progress: bool = True, lanes: int = 1, **embedder_options) -> EmbedResult:
+               show_progress: bool = True, lanes: int | None = None, **embedder_options) -> EmbedResult:
     """Embed every record of a text/JSONL/CSV file into ``out_path`` (float32 .npy) and its ids
     (``<out>.ids.txt``), ``chunk_size`` records at a time.
 
