@@ -546,6 +546,25 @@ def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
                (engine_module, "plan_batches", scoped("ek::plan", engine_module.plan_batches)),
                (engine_module, "_flatten", scoped("ek::flatten", engine_module._flatten)),
                (engine_module, "pool_packed", scoped("ek::pool", engine_module.pool_packed))]
+    # the packed inference path calls its linear layers' kernels through fused_product / plus_product, not
+    # through the modules' forward, so their hooks would not fire: the scope is set by the module passed
+    import encoderkit.modeling.attention as attention_module
+    import encoderkit.modeling.encoder as encoder_module
+
+    linear_scope = {}
+    for layer in embedder.model.layers:
+        linear_scope.update({id(layer.attention.output): "ek::linear:attention output",
+                             id(layer.ffn_in): "ek::linear:ffn in", id(layer.ffn_out): "ek::linear:ffn out"})
+
+    def scoped_product(fn: Callable, position: int) -> Callable:
+        def wrapper(*args, **kwargs):
+            with record_function(linear_scope.get(id(args[position]), "ek::linear:other")):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    patches += [(encoder_module, "fused_product", scoped_product(encoder_module.fused_product, 0)),
+                (encoder_module, "plus_product", scoped_product(encoder_module.plus_product, 1)),
+                (attention_module, "plus_product", scoped_product(attention_module.plus_product, 1))]
     from_lengths = Packing.__dict__["from_lengths"]
     patches.append((Packing, "from_lengths", classmethod(scoped("ek::pack", from_lengths.__func__))))
     saved = [(owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
@@ -748,6 +767,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200, help="single-text calls per contender (latency)")
     parser.add_argument("--skip", action="append", default=[], help="a contender's name to leave out")
     parser.add_argument("--skip-profile", action="store_true")
+    parser.add_argument("--profile-only", action="store_true",
+                        help="only the profile, against the timed rounds of bench/results/peers.json (which must "
+                             "come from this CPU)")
     parser.add_argument("--limit", type=int, help="the first N texts only (a smoke run; writes no result)")
     parser.add_argument("--latency-child", help=argparse.SUPPRESS)  # one runtime's latency in a process of its own
     args = parser.parse_args()
@@ -764,6 +786,20 @@ def main() -> None:
     sentences = load_sentences()[:args.limit]
     info = machine()
     print(f"{info['cpu']}; flags: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["cpu_flags"].items()))
+    if args.profile_only:
+        earlier = json.loads((RESULTS / "peers.json").read_text(encoding="utf-8"))
+        if (earlier["machine"]["cpu"], earlier["machine"]["cpu_flags"]) != (info["cpu"], info["cpu_flags"]):
+            raise SystemExit(f"bench/results/peers.json was measured on {earlier['machine']['cpu']}, not on this "
+                             "CPU: run bench/peers.py whole")
+        rows = earlier["rows"]
+        times = {row["contender"]: row["seconds"] for row in rows}
+        full = [name for name in times if name.startswith(("ONNX Runtime", "OpenVINO")) and
+                next(r for r in rows if r["contender"] == name)["kind"] == "fp32"]
+        fastest = min(full, key=lambda name: median(times[name]))
+        peers, _ = build_contenders(model_dir, set(), only=fastest)
+        run_profile(model_dir, sentences, rows, times, peers, earlier["command"] + " (profile: python bench/peers.py "
+                    "--profile-only)", write_result)
+        return
     contenders, missing = build_contenders(model_dir, set(args.skip))
     for name, why in missing.items():
         print(f"not available: {name}: {why}")
@@ -845,10 +881,19 @@ def main() -> None:
 
     if args.skip_profile:
         return
+    if ek_reference is None:
+        print("profile skipped: needs encoderkit fp32")
+        return
+    run_profile(model_dir, sentences, rows, times, contenders, command, save)
+
+
+def run_profile(model_dir: Path, sentences: list[str], rows: list[dict[str, Any]], times: dict[str, list[float]],
+                contenders: list[Contender], command: str, save: Callable) -> None:
+    """Profiles encoderkit fp32 (one lane) and the fastest full-precision peer with a per-op profiler."""
     full = [c for c in contenders if c.kind == "fp32" and not c.name.startswith(("encoderkit", "sentence"))
             and c.name.startswith(("ONNX Runtime", "OpenVINO"))]
-    if not full or ek_reference is None:
-        print("profile skipped: needs encoderkit fp32 and an ONNX Runtime or OpenVINO contender")
+    if not full:
+        print("profile skipped: needs an ONNX Runtime or OpenVINO contender")
         return
     fastest_any = max((r for r in rows if r["kind"] == "fp32" and not r["contender"].startswith(
         ("encoderkit", "sentence"))), key=lambda r: r["texts_per_second"])
@@ -867,7 +912,7 @@ def main() -> None:
     text = profile_text(result)
     print(text)
     save("peers_profile", {"command": command, **result})
-    if args.limit is None:
+    if save is write_result:
         (RESULTS / "peers_profile.txt").write_text(text, encoding="utf-8")
 
 
