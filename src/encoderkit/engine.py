@@ -51,7 +51,8 @@ class Engine:
         ``lanes``: run the batches on that many threads sharing torch's threads (``in_lanes``) instead of on this
         thread with all of them. torch's thread count is process-wide, so it is the lanes' share while they run,
         and restored after: for jobs that own the process (``encoderkit embed``, a Ray actor). ``None``: two lanes
-        where ``owns_process()`` says no other Python thread could see the change, else one."""
+        where ``owns_process()`` says no other Python thread could see the change and the model is on the CPU,
+        else one."""
         out = torch.zeros(len(ids), self.encoder.config.hidden_size, dtype=torch.float32)
         if not len(ids):
             return out
@@ -64,8 +65,9 @@ class Engine:
                 with reporting:
                     progress(len(indices))
 
-        if lanes is None:
-            lanes = lanes_for(torch.get_num_threads()) if owns_process() else 1
+        if lanes is None:  # lanes share CPU threads: on an accelerator the batches queue on one device anyway
+            on_cpu = self.encoder.embeddings.word.weight.device.type == "cpu"
+            lanes = lanes_for(torch.get_num_threads()) if on_cpu and owns_process() else 1
         if lanes > 1:
             self.in_lanes(ids, types, lanes, pool_into, max_batch_size=max_batch_size)
         else:
