@@ -330,7 +330,8 @@ def render_peers_profile(r: dict[str, Any]) -> list[str]:
     ek, peer = r["encoderkit"], r["peer"]
     lines = ["## Where the time goes: encoderkit fp32 against " + peer["contender"] + " (`bench/peers.py`)", "",
              _machine(r), "",
-             f"One pass over the 2,000 texts in batches of 32. encoderkit in one lane (`lanes=1`: its ops in order on one thread with 2 torch threads) under `torch.profiler`: each op that no "
+             f"One pass over the 2,000 texts in batches of 32. encoderkit in one lane (`lanes=1`: its ops in order "
+             f"on one thread with 2 torch threads) under `torch.profiler`: each op that no "
              f"other op called is charged to its kind (by name, else by the scope it ran in); what no op accounts "
              f"for is Python and dispatch. encoderkit took {ek['unprofiled_seconds']:.2f} s unprofiled, "
              f"{ek['profiled_seconds']:.2f} s profiled. {peer['contender']} (the fastest full-precision peer with a "

@@ -324,8 +324,13 @@ def test_lanes_give_the_same_vectors_and_give_torch_its_threads_back(minilm_embe
         seen = []
         minilm_embedder.encode(texts[:3], lanes=2, progress=lambda n: seen.append(threading.current_thread().name))
         assert seen == ["MainThread"]  # one batch: no lane, torch's threads as they are
-        with pytest.raises(ValueError):  # a lane's error reaches the caller
+        with pytest.raises(ValueError):  # an empty sequence is refused before any lane starts
             minilm_embedder.engine.pooled([[101, 102], []], lanes=2, max_batch_size=1)
+
+        def failing(indices, hidden, packing) -> None:
+            raise ValueError(f"consumer failed in {threading.current_thread().name}")
+        with pytest.raises(ValueError, match="encoderkit-lane"):  # a lane's error reaches the caller
+            minilm_embedder.engine.in_lanes([[101, 102], [101, 7592, 102]], None, 2, failing, max_batch_size=1)
         assert torch.get_num_threads() == 2 and not engine._LANES.locked()
         with pytest.raises(Exception, match="lanes must be a positive integer"):
             minilm_embedder.engine.in_lanes([[101, 102]], None, 0, lambda *args: None)

@@ -19,7 +19,7 @@ from torch import nn
 
 from .errors import InputError
 from .modeling.encoder import EncoderModel
-from .modeling.inference import for_inference
+from .modeling.inference import for_inference, prepack
 from .modeling.packing import Packing, plan_batches, pool_packed
 from .precision import Precision
 from .progress import Progress
@@ -68,11 +68,7 @@ class Engine:
         if lanes is None:  # lanes share CPU threads: on an accelerator the batches queue on one device anyway
             on_cpu = self.encoder.embeddings.word.weight.device.type == "cpu"
             lanes = lanes_for(torch.get_num_threads()) if on_cpu and owns_process() else 1
-        if lanes > 1:
-            self.in_lanes(ids, types, lanes, pool_into, max_batch_size=max_batch_size)
-        else:
-            for indices, hidden, packing in self.run(ids, types, max_batch_size=max_batch_size):
-                pool_into(indices, hidden, packing)
+        self.in_lanes(ids, types, lanes, pool_into, max_batch_size=max_batch_size)
         return out
 
     def in_lanes(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, lanes: int,
@@ -80,7 +76,7 @@ class Engine:
                  max_batch_size: int | None = None) -> None:
         """``run``'s batches dealt in turn (longest first) to ``lanes`` threads, each with an equal share of torch's
         threads (one at least); each lane hands its batches to ``consume`` (indices into ``ids``, states,
-        packing), from its own thread.
+        packing), from its own thread. One lane: on this thread, with torch's threads as they are.
 
         Why: with two torch threads, every op of a forward pass ends at a barrier where one thread waits for the
         other, so a thread that another process preempts stalls both. Lanes wait for nobody. Measured embedding
@@ -89,64 +85,63 @@ class Engine:
         single-threaded actors ran 1.07x one process of two threads, one actor of two threads 0.90x."""
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
             raise InputError(f"lanes must be a positive integer, found {lanes!r}")
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        budget = max(self.precision.token_budget, int(lengths.max(initial=1)))
-        batches = plan_batches(lengths, budget, max_batch_size or self.max_batch_size)
+        lengths, batches = self._plan(ids, max_batch_size)
         lanes = min(lanes, len(batches), torch.get_num_threads())
         # one batch, one thread, or another job's lanes running in this process (whose thread count this one
         # would capture and restore): this thread, with torch's threads as they are
         if lanes < 2 or not _LANES.acquire(blocking=False):
-            for indices, hidden, packing in self.run(ids, types, max_batch_size=max_batch_size):
-                consume(indices, hidden, packing)
+            for batch in self._batches(ids, types, lengths, batches):
+                consume(*batch)
             return
-        dealt = [np.concatenate(batches[lane::lanes]) for lane in range(lanes)]
         threads = torch.get_num_threads()
 
-        def lane(members: np.ndarray) -> None:
+        def lane(dealt: list[np.ndarray]) -> None:
             torch.set_num_threads(max(1, threads // lanes))
-            lane_ids = [ids[i] for i in members]
-            lane_types = None if types is None else [types[i] for i in members]
-            for indices, hidden, packing in self.run(lane_ids, lane_types, max_batch_size=max_batch_size):
-                consume(members[indices], hidden, packing)
+            for batch in self._batches(ids, types, lengths, dealt):
+                consume(*batch)
 
         try:
-            self._prepare()  # packed weights made once, here, rather than by the lanes at once
-            with ThreadPoolExecutor(len(dealt), thread_name_prefix="encoderkit-lane") as pool:
-                for done in [pool.submit(lane, members) for members in dealt]:
+            prepack(self.encoder)  # packed weights made once, here, rather than by the lanes at once
+            with ThreadPoolExecutor(lanes, thread_name_prefix="encoderkit-lane") as pool:
+                for done in [pool.submit(lane, batches[first::lanes]) for first in range(lanes)]:
                     done.result()
         finally:
             torch.set_num_threads(threads)
             _LANES.release()
-
-    def _prepare(self) -> None:
-        """Make every packed weight now (they are made at their first product otherwise)."""
-        first = next(iter(self.encoder.parameters()))
-        with torch.inference_mode():
-            self.encoder.forward_packed(torch.zeros(1, dtype=torch.long, device=first.device),
-                                        Packing.from_lengths([1], overhead=0, device=first.device,
-                                                             mask_dtype=self.precision.dtype))
 
     def run(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
             max_batch_size: int | None = None, progress: str | None = None
             ) -> Iterator[tuple[np.ndarray, torch.Tensor, Packing]]:
         """Yields (the batch's sequence indices, their packed fp32 final states (tokens, hidden), the packing).
         ``types``: segment ids (None: all 0). ``progress``: a label to show a progress bar under."""
+        lengths, batches = self._plan(ids, max_batch_size)
+        with Progress(len(ids), progress or "encoding", "sequences", enabled=progress is not None) as bar:
+            for batch in self._batches(ids, types, lengths, batches):
+                yield batch
+                bar.advance(len(batch[0]))
+
+    def _plan(self, ids: Sequence[Sequence[int]], max_batch_size: int | None
+              ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The sequences' lengths, and their batches (indices into ``ids``, longest first) within the token budget."""
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         if len(lengths) and lengths.min() <= 0:
             raise ValueError("every sequence needs at least one token")
+        budget = max(self.precision.token_budget, int(lengths.max(initial=1)))
+        return lengths, plan_batches(lengths, budget, max_batch_size or self.max_batch_size)
+
+    def _batches(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, lengths: np.ndarray,
+                 batches: Sequence[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor, Packing]]:
+        """Each of ``batches`` packed and run through the encoder, as ``run`` yields them."""
         if self.encoder.config.type_vocab_size < 2:  # one segment embedding (or none), whatever the tokenizer says
             types = None
-        budget = max(self.precision.token_budget, int(lengths.max(initial=1)))
         device = self.encoder.embeddings.word.weight.device
-        with torch.inference_mode(), torch.autocast("cpu", enabled=False), \
-                Progress(len(ids), progress or "encoding", "sequences", enabled=progress is not None) as bar:
-            for indices in plan_batches(lengths, budget, max_batch_size or self.max_batch_size):
+        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+            for indices in batches:
                 packing = Packing.from_lengths(lengths[indices], overhead=0, device=device,
                                                mask_dtype=self.precision.dtype)
                 flat_ids = _flatten([ids[i] for i in indices], device)
                 flat_types = None if types is None else _flatten([types[i] for i in indices], device)
                 yield indices, self.encoder.forward_packed(flat_ids, packing, flat_types), packing
-                bar.advance(len(indices))
 
 
 def lanes_for(threads: int) -> int:

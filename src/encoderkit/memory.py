@@ -26,7 +26,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 LARGE_BLOCK = 128 * 1024
 _NEVER = 2**31 - 1  # mallopt takes an int
 
-_applied: set[str] = set()
+_kept = False  # keep_freed_memory's settings took effect (mallopt's settings last for the process)
 
 
 def _mallopt(settings: dict[int, int], environment: tuple[str, ...]) -> str | None:
@@ -44,12 +44,12 @@ def _mallopt(settings: dict[int, int], environment: tuple[str, ...]) -> str | No
 
 def keep_freed_memory() -> str | None:
     """Training: freed blocks stay in the heap for the next step (no mmap for large blocks, no trimming)."""
-    if "keep" in _applied:
+    global _kept
+    if _kept:
         return None
     unapplied = _mallopt({_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: _NEVER},
                          ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
-    if unapplied is None:
-        _applied.add("keep")
+    _kept = unapplied is None
     return unapplied
 
 

@@ -67,14 +67,12 @@ def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: st
     for option, value in (("--address", address), ("--workers", workers), ("--threads-per-worker", threads_per_worker)):
         if value is not None:
             raise InputError(f"{option} is an option of --engine ray")
-    import torch
-
-    from ..engine import lanes_for
     from ..tasks.embed import embed_file
 
+    # lanes: embed_file's default, two where torch has two threads or more (the command is the process's one
+    # Python thread)
     result = embed_file(input_path, out_path, model=model, fmt=fmt, text_field=text_field, id_field=id_field,
-                        chunk_size=chunk_size, resume=not restart, lanes=lanes_for(torch.get_num_threads()),
-                        **embedder_options)
+                        chunk_size=chunk_size, resume=not restart, **embedder_options)
     resumed = f" (resumed after {result.resumed_from:,})" if result.resumed_from else ""
     click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}{resumed}; "
                f"ids in {result.ids_path}")

@@ -64,9 +64,8 @@ class ShardEmbedder:
                  batch_size: int = 512) -> None:
         import torch
 
-        from ..tasks.embed import Embedder
-
         from ..engine import lanes_for
+        from ..tasks.embed import Embedder
 
         torch.set_num_threads(threads)
         self.embedder = on_compute_thread(Embedder.from_pretrained, model, **embedder_options)

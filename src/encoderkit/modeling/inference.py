@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -423,17 +424,30 @@ def for_inference(model: nn.Module, dtype: torch.dtype = torch.float32, *, int8:
     return model.eval()
 
 
+def _products(model: nn.Module) -> Iterator[Prepacked]:
+    """The packed products inference runs, in layer order: the fused query/key/value projection where there is one
+    (then not its three separate layers, which inference never calls), and the other packed linear layers."""
+    for layer in getattr(model, "encoder", model).layers:
+        projection = getattr(layer.attention, "fused_projection", None)
+        unused = () if projection is None else (layer.attention.query, layer.attention.key, layer.attention.value)
+        if projection is not None:
+            yield projection.prepacked
+        yield from (m.prepacked for m in layer.modules()
+                    if isinstance(m, PackedLinear) and not any(m is u for u in unused))
+
+
 def int8_layers(model: nn.Module) -> list[Int8Prepacked]:
     """The int8 products of a model prepared by ``for_inference(..., int8=True)``, in layer order."""
-    encoder = getattr(model, "encoder", model)
-    found = []
-    for layer in encoder.layers:
-        projection = getattr(layer.attention, "fused_projection", None)
-        candidates = ([projection] if projection is not None else []) + [m for m in layer.modules()
-                                                                           if isinstance(m, PackedLinear)]
-        found.extend(c.prepacked for c in candidates if isinstance(c.prepacked, Int8Prepacked))
-    return found
+    return [p for p in _products(model) if isinstance(p, Int8Prepacked)]
+
+
+def prepack(model: nn.Module) -> None:
+    """Make every packed weight of a model prepared by ``for_inference`` now, rather than at its first product
+    (threads that start products at once would each make it); the packs for products of few rows stay made at
+    the first such product."""
+    for product in _products(model):
+        product._refresh()
 
 
 __all__ = ["Int8Prepacked", "PackedLinear", "SMALL_FP32_ROWS", "for_inference", "fused_product", "int8_layers",
-           "mkl_for_small_products", "plus_product"]
+           "mkl_for_small_products", "plus_product", "prepack"]
