@@ -4,7 +4,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
-PYTEST_ARGS ?=
+# Two pytest workers (pytest-xdist), one torch thread each (tests/conftest.py): much of the suite waits on
+# processes, servers and Python rather than on products, so two workers finish it in about 60% of one's time on a
+# 2-CPU machine. Tests that must not overlap share an xdist_group (--dist loadgroup). PYTEST_ARGS= runs it serially.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: demo test bench clean install browser
 

@@ -1,6 +1,7 @@
 """Shared fixtures: the default model, the shared data directory (skipped with a reason when absent)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,16 @@ def shared_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is absent (../shared/data and ../shared/bench exist in CI)")
     return path
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (``make test`` runs two workers), each worker computes on one torch thread: two workers of
+    two threads on a 2-CPU machine would spin-wait against each other at every op. Tests that need more threads set
+    them themselves; the processes tests start keep torch's default."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

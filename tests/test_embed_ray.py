@@ -28,6 +28,8 @@ from helpers import tiny_bert_dir
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 REPO = Path(__file__).resolve().parents[1]
+# One worker runs this module under pytest-xdist: its local clusters would share the machine's Ray ports otherwise.
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 def ray_installed() -> bool:
