@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
+from .dropout import dropout
 from .inference import plus_product
 from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
@@ -263,7 +264,9 @@ class SelfAttention(nn.Module):
             outside = ~window_mask(length, self.window_half, q.device)
             bias = combine_biases(bias if bias is not None else q.new_zeros(1, 1, length, length),
                                   q.new_zeros(length, length).masked_fill(outside, torch.finfo(q.dtype).min))
-        if not context.return_probs:
+        # Training with dropout on the CPU: the products below with ``dropout``'s masks (SDPA would take the same
+        # steps, drawing its mask with torch's slower generator).
+        if not context.return_probs and not (dropout_p and q.device.type == "cpu"):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale), None
         scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(self.head_dim))
         if context.score_parts is not None:  # the content and position terms of the scores, before the mask
@@ -271,7 +274,7 @@ class SelfAttention(nn.Module):
         if bias is not None:
             scores = scores + bias
         probs = scores.softmax(dim=-1)
-        return torch.matmul(F.dropout(probs, dropout_p, self.training), v), probs
+        return torch.matmul(dropout(probs, dropout_p, self.training), v), probs
 
     def relative_scores(self, q: torch.Tensor, k: torch.Tensor, length: int,
                         context: AttentionContext) -> dict[str, torch.Tensor]:
@@ -279,7 +282,7 @@ class SelfAttention(nn.Module):
         (count, heads, L, L)."""
         config = self.config
         span = config.relative_span
-        embeddings = F.dropout(context.relative_embeddings[:2 * span], self.config.hidden_dropout_prob, self.training)
+        embeddings = dropout(context.relative_embeddings[:2 * span], self.config.hidden_dropout_prob, self.training)
         relative = context.relative_index(length, config)
         heads, dim = self.num_heads, self.head_dim
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..config import EncoderConfig
+from .dropout import Dropout
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
@@ -40,7 +41,7 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size if self.project_first else dim, eps=config.layer_norm_eps,
                                  bias=config.norm_bias)
         dropout = config.embedding_dropout if config.embedding_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.projection = None
         if config.projects_embeddings:
             self.projection = nn.Linear(dim, config.hidden_size, bias=not self.project_first)

@@ -19,6 +19,7 @@ from torch import nn
 from ..config import EncoderConfig
 from ..errors import InputError
 from .attention import AttentionContext, RotaryTables, SelfAttention, check_attention_bias
+from .dropout import Dropout
 from .embeddings import Embeddings
 from .inference import fused_product, plus_product
 from .packing import Packing
@@ -89,11 +90,11 @@ class EncoderLayer(nn.Module):
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.ffn_norm = layer_norm(config)
         if self.pre_norm:  # ModernBERT: dropout on the attention output and inside the MLP, none on the residual
-            self.attention_dropout = nn.Dropout(config.attention_probs_dropout_prob)
-            self.inner_dropout = nn.Dropout(config.mlp_dropout or 0.0)
+            self.attention_dropout = Dropout(config.attention_probs_dropout_prob)
+            self.inner_dropout = Dropout(config.mlp_dropout or 0.0)
             self.output_dropout = nn.Identity()
         else:
-            self.attention_dropout = self.output_dropout = nn.Dropout(config.hidden_dropout_prob)
+            self.attention_dropout = self.output_dropout = Dropout(config.hidden_dropout_prob)
             self.inner_dropout = nn.Identity()
 
     def mlp(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -161,7 +162,7 @@ class ConvBeside(nn.Module):
                               groups=config.conv_groups)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.activation = Activation(config.conv_act)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, embedded: torch.Tensor, layer_output: torch.Tensor, packing: Packing) -> torch.Tensor:
         outputs = []

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ..config import EncoderConfig
+from .dropout import Dropout
 from .encoder import Activation, layer_norm
 
 
@@ -56,7 +57,7 @@ class SequenceClassificationHead(_PredictionTransform):
         style = config.family.classifier
         self.uses_pooler = style == "pooled"
         self.pooling = config.classifier_pooling if style == "prediction_head" else "cls"
-        self.dropout = nn.Dropout(_dropout(config))
+        self.dropout = Dropout(_dropout(config))
         # RoBERTa, ELECTRA and DeBERTa drop out before their dense layer too; DistilBERT does not.
         self.dropout_first = None
         if not self.enabled:
@@ -64,7 +65,7 @@ class SequenceClassificationHead(_PredictionTransform):
         if style in ("dense_tanh", "dense_gelu", "dense_relu", "context_pooler"):
             first = {"dense_tanh": _dropout(config), "dense_gelu": _dropout(config),
                      "context_pooler": config.pooler_dropout or 0.0}.get(style)
-            self.dropout_first = nn.Dropout(first) if first is not None else None
+            self.dropout_first = Dropout(first) if first is not None else None
             self.dense = nn.Linear(config.hidden_size, config.hidden_size)
             self.activation = Activation({"dense_tanh": "tanh", "dense_gelu": "gelu", "dense_relu": "relu",
                                           "context_pooler": config.pooler_hidden_act or "gelu"}[style])
@@ -90,7 +91,7 @@ class TokenClassificationHead(_PredictionTransform):
         p = _dropout(config)
         if config.model_type == "distilbert":
             p = config.hidden_dropout_prob  # DistilBERT uses its general dropout here
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
         self.out = nn.Linear(config.hidden_size, num_labels)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,7 @@ class SpanHead(_PredictionTransform):
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
-        self.dropout = nn.Dropout(_dropout(config)) if self.enabled else nn.Identity()
+        self.dropout = Dropout(_dropout(config)) if self.enabled else nn.Identity()
         self.out = nn.Linear(config.hidden_size, 2)
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
