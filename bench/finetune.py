@@ -348,15 +348,17 @@ def main() -> None:
 def record_trial(trial: dict[str, Any]) -> None:
     """A bounded run (``--epochs`` below one: the schedule is that of the shorter run, warm-up and decay included)
     is kept under "trials" in finetune.json, beside the full-epoch results: the timing runs of issue 22. A rerun of
-    the same task, seed and epochs replaces its earlier trial."""
+    the same task, seed and epochs on a CPU of the same name replaces its earlier trial; another CPU's is kept."""
     path = RESULTS / "finetune.json"
     if not path.is_file():
         print(f"  (no {path} to keep the trial in)")
         return
     full = json.loads(path.read_text(encoding="utf-8"))
     trial = {**trial, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    same = (trial["task"], trial["seed"], trial["epochs"])
-    full["trials"] = [t for t in full.get("trials", []) if (t["task"], t["seed"], t["epochs"]) != same] + [trial]
+    def key(t: dict[str, Any]) -> tuple:
+        return t["task"], t["seed"], t["epochs"], t.get("machine", {}).get("cpu")
+
+    full["trials"] = [t for t in full.get("trials", []) if key(t) != key(trial)] + [trial]
     path.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
     print(f"  trial kept in {path}")
 
