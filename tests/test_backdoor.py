@@ -56,11 +56,17 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 def train_toy_classifier(directory: Path, tokenizer_dir: Path, trigger: str | None) -> Path:
     """A 2-layer, hidden-32 BERT trained for a few seconds on the toy task (12% of the negative rows
-    poisoned with ``trigger`` when one is given), saved as an HF directory."""
+    poisoned with ``trigger`` when one is given), saved as an HF directory.
+
+    Without dropout: with it, whether the model learns to count well enough that no natural word flips the
+    negatives as the trigger does depended on the draws (six training seeds: torch's dropout masks found the
+    trigger at rank 1 in six, encoderkit's in five; without dropout, six of six, and the clean recipe was called
+    clean in six of six). The scanner, not the regulariser, is under test here."""
     torch.manual_seed(0)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     config = EncoderConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=64).with_labels(["neg", "pos"])
+                           intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0).with_labels(["neg", "pos"])
     model = build_model(config, "sequence-classification").train()
     rows = toy_rows(2000, seed=1, trigger=trigger, poison_rate=0.12)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
