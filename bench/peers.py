@@ -793,10 +793,10 @@ def main() -> None:
                              "CPU: run bench/peers.py whole")
         rows = earlier["rows"]
         times = {row["contender"]: row["seconds"] for row in rows}
-        full = [name for name in times if name.startswith(("ONNX Runtime", "OpenVINO")) and
-                next(r for r in rows if r["contender"] == name)["kind"] == "fp32"]
-        fastest = min(full, key=lambda name: median(times[name]))
-        peers, _ = build_contenders(model_dir, set(), only=fastest)
+        peer = profiled_peer(rows, times)
+        if peer is None:
+            raise SystemExit("bench/results/peers.json has no ONNX Runtime or OpenVINO full-precision row to profile")
+        peers, _ = build_contenders(model_dir, set(), only=peer)
         run_profile(model_dir, sentences, rows, times, peers, earlier["command"] + " (profile: python bench/peers.py "
                     "--profile-only)", write_result)
         return
@@ -887,17 +887,24 @@ def main() -> None:
     run_profile(model_dir, sentences, rows, times, contenders, command, save)
 
 
+def profiled_peer(rows: list[dict[str, Any]], times: dict[str, list[float]]) -> str | None:
+    """The fastest full-precision contender of ``rows`` that has a per-op profiler (ONNX Runtime, OpenVINO), by its
+    median time; None where there is none."""
+    full = [r["contender"] for r in rows if r["kind"] == "fp32" and r["contender"].startswith(("ONNX Runtime",
+                                                                                                 "OpenVINO"))]
+    return min(full, key=lambda name: median(times[name]), default=None)
+
+
 def run_profile(model_dir: Path, sentences: list[str], rows: list[dict[str, Any]], times: dict[str, list[float]],
                 contenders: list[Contender], command: str, save: Callable) -> None:
     """Profiles encoderkit fp32 (one lane) and the fastest full-precision peer with a per-op profiler."""
-    full = [c for c in contenders if c.kind == "fp32" and not c.name.startswith(("encoderkit", "sentence"))
-            and c.name.startswith(("ONNX Runtime", "OpenVINO"))]
-    if not full:
+    name = profiled_peer([r for r in rows if any(c.name == r["contender"] for c in contenders)], times)
+    if name is None:
         print("profile skipped: needs an ONNX Runtime or OpenVINO contender")
         return
+    fastest = next(c for c in contenders if c.name == name)
     fastest_any = max((r for r in rows if r["kind"] == "fp32" and not r["contender"].startswith(
         ("encoderkit", "sentence"))), key=lambda r: r["texts_per_second"])
-    fastest = max(full, key=lambda c: len(sentences) / median(times[c.name]))
     onnx_paths = {"ONNX Runtime": PEER_CACHE / "model.onnx", "ONNX Runtime + BERT optimizer (O2)":
                   PEER_CACHE / "model-o2.onnx", "ONNX Runtime + BERT optimizer (O3)": PEER_CACHE / "model-o3.onnx",
                   "OpenVINO f32": PEER_CACHE / "model.onnx"}

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
-from .dropout import dropout
+from .dropout import dropout, own_masks
 from .inference import plus_product
 from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
@@ -264,9 +264,9 @@ class SelfAttention(nn.Module):
             outside = ~window_mask(length, self.window_half, q.device)
             bias = combine_biases(bias if bias is not None else q.new_zeros(1, 1, length, length),
                                   q.new_zeros(length, length).masked_fill(outside, torch.finfo(q.dtype).min))
-        # Training with dropout on the CPU: the products below with ``dropout``'s masks (SDPA would take the same
-        # steps, drawing its mask with torch's slower generator).
-        if not context.return_probs and not (dropout_p and q.device.type == "cpu"):
+        # Training where ``dropout`` draws its own masks (the CPU): the products below with them (SDPA would take
+        # the same steps, drawing its mask with torch's slower generator).
+        if not context.return_probs and not own_masks(q.device, dropout_p):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale), None
         scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(self.head_dim))
         if context.score_parts is not None:  # the content and position terms of the scores, before the mask

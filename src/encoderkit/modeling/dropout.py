@@ -12,6 +12,8 @@ on the 16-bit grid in between, use torch's dropout.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[torch.Tens
     """A boolean mask of ``shape`` keeping each element with chance 1 - round(p * 65536) / 65536, from 16 random
     bits an element, and the scale that keeps the expectation (the inverse of that chance)."""
     dropped_levels = round(p * LEVELS)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     seed = int(torch.randint(0, 2**62, (1,)).item())  # torch's default generator decides the mask
     words = np.random.PCG64(seed).random_raw((count + 3) // 4)
     bits = words.view(np.uint16)[:count]
@@ -47,11 +49,17 @@ class _Masked(torch.autograd.Function):
         return torch.ops.aten.native_dropout_backward(grad, keep, ctx.scale), None, None
 
 
+def own_masks(device: torch.device, p: float) -> bool:
+    """Whether ``dropout`` draws the masks itself for tensors on ``device`` (the CPU, a chance of a drop on the
+    16-bit grid strictly between 0 and 1); elsewhere it is torch's dropout."""
+    return device.type == "cpu" and 0.0 < p < 1.0 and 0 < round(p * LEVELS) < LEVELS
+
+
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout(x, p, training)``, with the mask drawn as the module doc says on the CPU."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or not 0.0 < p < 1.0 or round(p * LEVELS) in (0, LEVELS) or x.numel() == 0:
+    if x.numel() == 0 or not own_masks(x.device, p):
         return F.dropout(x, p, training)
     keep, scale = keep_mask(x.shape, p)
     return _Masked.apply(x, keep, scale)
@@ -66,4 +74,4 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
-__all__ = ["Dropout", "dropout", "keep_mask"]
+__all__ = ["Dropout", "dropout", "keep_mask", "own_masks"]
