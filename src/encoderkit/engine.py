@@ -21,7 +21,7 @@ from .errors import InputError
 from .modeling.encoder import EncoderModel
 from .modeling.inference import for_inference, prepack
 from .modeling.packing import Packing, plan_batches, pool_packed
-from .precision import Precision
+from .precision import Precision, resolve_device
 from .progress import Progress
 
 
@@ -60,13 +60,14 @@ class Engine:
         reporting = threading.Lock()  # lanes report from their own threads
 
         def pool_into(indices: np.ndarray, hidden: torch.Tensor, packing: Packing) -> None:
-            out[torch.from_numpy(indices)] = pool_packed(hidden, packing, pooling)  # each lane its own rows
+            pooled = pool_packed(hidden, packing, pooling).to(out.device)  # a GPU's vectors come to the CPU here
+            out[torch.from_numpy(indices)] = pooled  # each lane its own rows
             if progress is not None:
                 with reporting:
                     progress(len(indices))
 
         if lanes is None:  # lanes share CPU threads: on an accelerator the batches queue on one device anyway
-            on_cpu = self.encoder.embeddings.word.weight.device.type == "cpu"
+            on_cpu = _device_of(self.encoder).type == "cpu"
             lanes = lanes_for(torch.get_num_threads()) if on_cpu and owns_process() else 1
         self.in_lanes(ids, types, lanes, pool_into, max_batch_size=max_batch_size)
         return out
@@ -134,7 +135,7 @@ class Engine:
         """Each of ``batches`` packed and run through the encoder, as ``run`` yields them."""
         if self.encoder.config.type_vocab_size < 2:  # one segment embedding (or none), whatever the tokenizer says
             types = None
-        device = self.encoder.embeddings.word.weight.device
+        device = _device_of(self.encoder)
         with torch.inference_mode(), torch.autocast("cpu", enabled=False):
             for indices in batches:
                 packing = Packing.from_lengths(lengths[indices], overhead=0, device=device,
@@ -161,6 +162,11 @@ def owns_process() -> bool:
 _LANES = threading.Lock()  # one lane job at a time changes torch's thread count
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return torch.device("cpu") if parameter is None else parameter.device
+
+
 def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
     total = sum(len(row) for row in rows)
     flat = np.fromiter((t for row in rows for t in row), dtype=np.int64, count=total)
@@ -168,10 +174,14 @@ def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
 
 
 def engine_for(model: nn.Module, dtype: str | torch.dtype | Precision = "fp32", purpose: str = "task",
-               token_budget: int | None = None, at_least: int = 0, tokenizer=None) -> Engine:
+               token_budget: int | None = None, at_least: int = 0, tokenizer=None,
+               device: str | torch.device | None = None) -> Engine:
     """An engine on ``model``'s encoder (a bare encoder or a task model's), precision resolved once here.
-    ``tokenizer``: for int8, the accuracy guard's calibration texts are tokenised with it (none: no guard)."""
-    precision = Precision.resolve(dtype, purpose, token_budget, at_least)
+    ``tokenizer``: for int8, the accuracy guard's calibration texts are tokenised with it (none: no guard).
+    ``device``: "cpu", "cuda" or "cuda:N", where the whole model is moved first (None: where it is)."""
+    if device is not None:
+        model.to(resolve_device(device))
+    precision = Precision.resolve(dtype, purpose, token_budget, at_least, device=_device_of(model))
     calibration = None
     if precision.int8 and tokenizer is not None:
         from .quantization import CALIBRATION_TEXTS

@@ -54,8 +54,40 @@ def cpu_has_vnni() -> bool:
     return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """"fp32" / "bf16" / "auto" (bf16 only where the hardware runs it natively) -> a torch dtype."""
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """"cpu" / "cuda" / "cuda:N" / a torch.device -> a device torch can compute on here (None: the CPU), or an
+    ``InputError`` that says what this machine has instead."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise InputError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from error
+    if resolved.type == "cpu":
+        return resolved
+    if resolved.type != "cuda":
+        raise InputError(f"encoderkit computes on the CPU or a CUDA GPU, not on {resolved.type!r}: use cpu or cuda")
+    if not torch.cuda.is_available():
+        raise InputError(f"device {device!r} asked for a CUDA GPU, but torch sees none (torch.cuda.is_available() "
+                         f"is False; this torch {'has no CUDA support' if torch.version.cuda is None else 'found no GPU'}"
+                         "): use device cpu")
+    count = torch.cuda.device_count()
+    if resolved.index is not None and resolved.index >= count:
+        raise InputError(f"device {device!r}: torch sees {count} CUDA GPU{'s' if count != 1 else ''} "
+                         f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
+    return resolved
+
+
+def device_has_native_bf16(device: torch.device) -> bool:
+    """True where ``device`` multiplies bf16 matrices in hardware: a CPU with AVX512-BF16/AMX, a GPU from Ampere on."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return cpu_has_native_bf16()
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device | None = None) -> torch.dtype:
+    """"fp32" / "bf16" / "auto" (bf16 only where ``device``, the CPU by default, runs it natively) -> a dtype."""
+    device = device or torch.device("cpu")
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16):
             raise InputError(f"encoderkit computes in float32 or bfloat16, not {dtype}")
@@ -65,13 +97,13 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise InputError("int8 is for inference only (embedding, search, the task pipelines, the server): "
                          "training computes in fp32 or bf16; choose --dtype fp32, bf16 or auto")
     if name == "auto":
-        chosen = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        chosen = torch.bfloat16 if device_has_native_bf16(device) else torch.float32
         log.info("dtype auto -> %s", "bf16 (native bf16 matrix units)" if chosen == torch.bfloat16 else "fp32")
         return chosen
     if name not in _NAMES:
         raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)} "
                          "(or int8, for inference only)")
-    if _NAMES[name] == torch.bfloat16 and not cpu_has_native_bf16():
+    if _NAMES[name] == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
         warn_emulated_bf16()
     return _NAMES[name]
 
@@ -91,6 +123,13 @@ TOKEN_BUDGETS = {
     "embed": {torch.float32: 2048, torch.bfloat16: 4096, "int8": 2048},
     "task": {torch.float32: 4096, torch.bfloat16: 8192, "int8": 4096},
 }
+
+
+# A GPU's batches hold this many times the CPU's tokens. Measured on an H100 (bench/gpu.py, all-MiniLM-L6-v2, 10,000
+# texts, median of 3): fp32 at 16,384 tokens ran 0.86x and 0.95x the best budget of two runs (65,536 tokens), bf16 at
+# 32,768 was the best; the CPU's budgets (fp32 2,048, bf16 4,096) ran 0.46-0.59x and 0.50x. Larger factors gained
+# at most 16% for fp32, at several times the activation memory of larger models.
+GPU_BUDGET_FACTOR = 8
 
 
 @dataclass(frozen=True)
@@ -114,16 +153,24 @@ class Precision:
 
     @classmethod
     def resolve(cls, dtype: str | torch.dtype = "fp32", purpose: str = "task", token_budget: int | None = None,
-                at_least: int = 0) -> "Precision":
+                at_least: int = 0, device: torch.device | None = None) -> "Precision":
         """``dtype``: "fp32" / "bf16" / "int8" / "auto" / a torch dtype / a Precision (kept as it is);
         ``purpose``: a key of ``TOKEN_BUDGETS``; ``at_least``: the longest sequence a batch must hold (a budget
-        below it is raised to it)."""
+        below it is raised to it); ``device``: where the model computes (None: the CPU), which decides what
+        "auto" means and whether int8 is there at all."""
+        device = device or torch.device("cpu")
         if isinstance(dtype, Precision):
             return dtype
         if isinstance(dtype, str) and dtype.lower() == "int8":
+            if device.type != "cpu":
+                raise InputError(f"int8 runs on the CPU only (its kernels are the CPU's), not on {device}: "
+                                 "use --dtype bf16 or auto on a GPU, or --device cpu for int8")
             return cls.quantized(purpose, token_budget=token_budget, at_least=at_least)
-        resolved = resolve_dtype(dtype)
-        return cls(resolved, _budget(token_budget, purpose, resolved, at_least))
+        resolved = resolve_dtype(dtype, device)
+        budget = _budget(token_budget, purpose, resolved, at_least)
+        if token_budget is None and device.type == "cuda":
+            budget = max(budget * GPU_BUDGET_FACTOR, at_least)
+        return cls(resolved, budget)
 
     @classmethod
     def quantized(cls, purpose: str = "task", *, fp32_layers: tuple[str, ...] | list[str] = (),

@@ -7,6 +7,7 @@ import click
 
 from ..errors import InputError
 from .options import (
+    device_option,
     dtype_option,
     json_option,
     max_length_option,
@@ -24,6 +25,7 @@ from .options import (
             "Parquet shards (id, embedding) and manifest.json", dest="out_path")
 @model_option()
 @dtype_option()
+@device_option()
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl", "csv", "tsv"]), default=None,
               help="input format (default: from the file extension; otherwise one text per line)")
 @click.option("--text-field", default=None, help="JSONL key / CSV or Parquet column holding the text")
@@ -43,7 +45,8 @@ from .options import (
               help="--engine ray: a running cluster (auto, HOST:PORT, ray://HOST:PORT); default: start a local one")
 @click.option("--workers", type=int, default=None, help="--engine ray: actors, each with one model [default: 2]")
 @click.option("--threads-per-worker", type=int, default=None, help="--engine ray: torch threads per actor [default: 1]")
-def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: str | None, text_field: str | None,
+def embed(input_path: str, out_path: str, model: str | None, dtype: str, device: str, fmt: str | None,
+          text_field: str | None,
           id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, truncate_dim: int | None,
           restart: bool, engine: str, address: str | None, workers: int | None,
           threads_per_worker: int | None) -> None:
@@ -53,6 +56,8 @@ def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: st
     if engine == "ray":
         from ..embeddings.distributed import embed_with_ray
 
+        if device != "cpu":
+            raise InputError("--device is for --engine local; the Ray engine's actors compute on their CPUs")
         if fmt is not None:
             raise InputError("--format is for --engine local; the Ray engine reads .jsonl, .parquet and text files "
                              "by their extension")
@@ -72,7 +77,7 @@ def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: st
     # lanes: embed_file's default, two where torch has two threads or more (the command is the process's one
     # Python thread)
     result = embed_file(input_path, out_path, model=model, fmt=fmt, text_field=text_field, id_field=id_field,
-                        chunk_size=chunk_size, resume=not restart, **embedder_options)
+                        chunk_size=chunk_size, resume=not restart, device=device, **embedder_options)
     resumed = f" (resumed after {result.resumed_from:,})" if result.resumed_from else ""
     click.echo(f"wrote {result.rows:,} x {result.dimension} float32 embeddings to {result.path}{resumed}; "
                f"ids in {result.ids_path}")
@@ -82,13 +87,15 @@ def embed(input_path: str, out_path: str, model: str | None, dtype: str, fmt: st
 @click.argument("path")
 @model_option()
 @dtype_option()
+@device_option()
 @truncate_dim_option("evaluate the first N dimensions of each embedding")
-def eval_sts(path: str, model: str | None, dtype: str, truncate_dim: int | None) -> None:
+def eval_sts(path: str, model: str | None, dtype: str, device: str, truncate_dim: int | None) -> None:
     """Spearman and Pearson correlation of cosine similarity with the gold scores of an STS-B file."""
     from ..tasks.embed import Embedder
     from ..tasks.sts import evaluate_sts
 
-    result = evaluate_sts(path, Embedder.from_pretrained(model, dtype=dtype, truncate_dim=truncate_dim))
+    result = evaluate_sts(path, Embedder.from_pretrained(model, dtype=dtype, truncate_dim=truncate_dim,
+                                                             device=device))
     click.echo(f"pairs: {result.pairs}")
     click.echo(f"spearman: {result.spearman:.6f}")
     click.echo(f"pearson: {result.pearson:.6f}")

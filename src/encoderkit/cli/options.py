@@ -22,6 +22,13 @@ def dtype_option(default: str = "fp32", *, help: str | None = DTYPE_HELP,
     return click.option("--dtype", type=click.Choice(list(choices)), default=default, show_default=True, help=help)
 
 
+def device_option(help: str = "where the model computes: cpu, cuda or cuda:N (a GPU needs a CUDA build of torch)"
+                  ) -> Decorator:
+    """--device: the CPU by default; checked by ``precision.resolve_device`` (a GPU torch cannot see is one error
+    line)."""
+    return click.option("--device", default="cpu", show_default=True, help=help)
+
+
 def model_option(help: str = MODEL_HELP) -> Decorator:
     """--model: a model directory, None meaning the default model."""
     return click.option("--model", default=None, help=help)

@@ -9,6 +9,7 @@ from .options import (
     aggregation_option,
     column_options,
     TRAIN_DTYPES,
+    device_option,
     dtype_option,
     json_option,
     max_length_option,
@@ -61,15 +62,16 @@ def _named(values: tuple[str, ...], what: str) -> dict[str, str]:
               help="batches of similar length, or plain random ones [default: length-grouped, random for qa]")
 @dtype_option(help="bf16 = bf16 autocast (faster where the CPU has bf16 units; BENCHMARKS.md compares)",
               choices=TRAIN_DTYPES)
+@device_option("where to train and evaluate: cpu, cuda or cuda:N")
 @seed_option(42)
 @restart_option("ignore the checkpoints of an interrupted run in --out")
 def finetune(task, train_files, valid_files, model, out_dir, epochs, batch_size, lr, warmup_ratio, weight_decay,
              max_length, doc_stride, text_column, pair_column, label_columns, multi_label_separator, multilabel_heads,
-             crf, early_stopping, length_grouping, dtype, seed, restart) -> None:
+             crf, early_stopping, length_grouping, dtype, device, seed, restart) -> None:
     """Fine-tune a pretrained encoder on labelled data (BERT recipe); rerun the same command to resume."""
     import torch
 
-    from ..precision import resolve_dtype
+    from ..precision import resolve_device, resolve_dtype
     from ..training.finetune import Recipe, finetune as run_finetune
 
     columns: dict = dict(text_column=text_column, pair_column=pair_column,
@@ -89,7 +91,8 @@ def finetune(task, train_files, valid_files, model, out_dir, epochs, batch_size,
     recipe = Recipe(epochs=epochs, batch_size=batch_size, learning_rate=lr, warmup_ratio=warmup_ratio,
                     weight_decay=weight_decay, max_length=max_length, doc_stride=doc_stride, crf=crf,
                     early_stopping_patience=early_stopping, group_by_length=length_grouping,
-                    bf16=resolve_dtype(dtype) == torch.bfloat16, seed=seed, show_progress=True)
+                    bf16=resolve_dtype(dtype, resolve_device(device)) == torch.bfloat16, seed=seed, show_progress=True,
+                    device=device)
     result = run_finetune(task, train, out_dir, valid=valid, model=model, recipe=recipe, resume=not restart,
                           **columns)
     scores = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())

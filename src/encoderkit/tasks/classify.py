@@ -80,13 +80,13 @@ class Classifier(TaskPipeline):
                     pooled = pooler(first) if pooler is not None else None
                     for name, head in heads.items():
                         summary = first if head.pooling == "cls" else pool_packed(hidden, batch, head.pooling)
-                        out[name][indices] = head(summary, pooled).float().numpy()
+                        out[name][indices] = head(summary, pooled).float().cpu().numpy()
                     if "cls" in found:
-                        found["cls"][indices] = first.numpy()
+                        found["cls"][indices] = first.cpu().numpy()
                     if "pooled" in found:
-                        found["pooled"][indices] = pooled.numpy()
+                        found["pooled"][indices] = pooled.cpu().numpy()
                     if "mean" in found:
-                        found["mean"][indices] = pool_packed(hidden, batch, "mean").numpy()
+                        found["mean"][indices] = pool_packed(hidden, batch, "mean").cpu().numpy()
         return (out[""] if "" in out else out), found
 
     def _labels(self, head: str) -> list[str]:

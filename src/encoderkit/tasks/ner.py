@@ -95,7 +95,7 @@ class EntityRecognizer(TaskPipeline):
         with torch.inference_mode():
             for indices, hidden, batch in self._encode(ids, types):
                 for index, states in zip(indices, split_packed(hidden, batch)):
-                    window_logits[index] = self.model.token_classifier(states).float().numpy()
+                    window_logits[index] = self.model.token_classifier(states).float().cpu().numpy()
         # token (word, start offset) -> (context on its narrower side, word, offsets, logits row)
         best: list[dict[tuple[int, int], tuple[int, int, tuple[int, int], np.ndarray]]] = [{} for _ in inputs]
         for (text_index, window), logits in zip(windows, window_logits):
@@ -128,11 +128,12 @@ class EntityRecognizer(TaskPipeline):
             return [], []
         crf = self.model.crf
         if crf is not None:  # the CRF scores whole words: their first sub-token's emissions
-            emissions = torch.from_numpy(np.stack([w.rows[0] for w in words]))[None]
-            mask = torch.ones(1, len(words), dtype=torch.bool)
+            device = crf.transitions.device
+            emissions = torch.from_numpy(np.stack([w.rows[0] for w in words]))[None].to(device)
+            mask = torch.ones(1, len(words), dtype=torch.bool, device=device)
             with torch.inference_mode():
                 path = crf.decode(emissions, mask)[0]
-                marginals = crf.marginals(emissions, mask)[0].numpy()
+                marginals = crf.marginals(emissions, mask)[0].cpu().numpy()
             return [self.labels[t] for t in path], [float(marginals[i, t]) for i, t in enumerate(path)]
         distributions = []
         for word in words:

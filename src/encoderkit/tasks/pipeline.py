@@ -28,7 +28,9 @@ class TaskPipeline:
     tasks: tuple[str, ...] = ()  # the model tasks this pipeline runs
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, dtype: str | torch.dtype = "fp32",
-                 max_length: int | None = None, token_budget: int | None = None, show_progress: bool = True) -> None:
+                 max_length: int | None = None, token_budget: int | None = None, show_progress: bool = True,
+                 device: str | torch.device | None = None) -> None:
+        """``device``: "cpu", "cuda" or "cuda:N" (None: where the model is); results come back on the CPU."""
         if getattr(model, "task", None) not in self.tasks:
             raise InputError(f"{type(self).__name__} needs a model for {' or '.join(self.tasks)}, but this one is "
                              f"for {getattr(model, 'task', type(model).__name__)}")
@@ -38,7 +40,8 @@ class TaskPipeline:
         self.settings = task_settings(model.config)
         wanted = max_length or self.settings.get("max_length") or tokenizer.model_max_length
         self.max_length = min(int(wanted), model.config.max_sequence_length)
-        self.engine = engine_for(model, dtype, "task", token_budget, at_least=self.max_length, tokenizer=tokenizer)
+        self.engine = engine_for(model, dtype, "task", token_budget, at_least=self.max_length, tokenizer=tokenizer,
+                                 device=device)
         self.dtype = self.engine.precision.dtype
         self.quantization = self.engine.quantization  # int8: the accuracy guard's QuantizationReport
         self.token_budget = self.engine.precision.token_budget

@@ -82,7 +82,7 @@ class QuestionAnswerer(TaskPipeline):
                 for index, start, end in zip(indices, split_packed(start_all, batch), split_packed(end_all, batch)):
                     feature = features[index]
                     candidates[feature["example"]].extend(
-                        best_spans(start.float().numpy(), end.float().numpy(), feature["offsets"], self.n_best,
+                        best_spans(start.float().cpu().numpy(), end.float().cpu().numpy(), feature["offsets"], self.n_best,
                                    self.max_answer_length))
         results = []
         for example, found in zip(examples, candidates):

@@ -34,6 +34,7 @@ from ..distributed import world_and_rank
 from ..data.tasks import (ClassificationExample, QAExample, TaggedSentence, iob1_to_iob2, read_classification,
                           read_conll, read_squad, split_validation)
 from ..errors import DataError, InputError
+from ..precision import resolve_device
 from ..modeling.models import HeadSpec
 from ..tokenizer import Tokenizer
 from .trainer import Trainer, TrainingConfig, distributed_run
@@ -73,12 +74,14 @@ class Recipe:
     seed: int = 42
     split_seed: int | None = None  # seed of the carved validation split (None: ``seed``); fix it to vary only training
     show_progress: bool = True
+    device: str = "cpu"  # "cuda" / "cuda:N": training and evaluation on that GPU
 
     def __post_init__(self) -> None:
         if self.epochs is not None and self.epochs <= 0:
             raise InputError(f"epochs must be positive, found {self.epochs}")
         if self.batch_size <= 0:
             raise InputError(f"batch_size must be positive, found {self.batch_size}")
+        self.device = str(resolve_device(self.device))
 
 
 @dataclass
@@ -488,7 +491,7 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
         eval_every=eval_every, save_every=min(recipe.save_steps, eval_every), keep_last=2, seed=recipe.seed,
         show_progress=recipe.show_progress, group_by_length=recipe.group_by_length, drop_last=False,
         metric_for_best=kind.main_metric, greater_is_better=kind.greater_is_better,
-        early_stopping_patience=recipe.early_stopping_patience, save_final=False)
+        early_stopping_patience=recipe.early_stopping_patience, save_final=False, device=recipe.device)
     pad = tokenizer.pad_token_id
     setup.trainer = Trainer(task_model, train_config, train_features, lambda items, epoch: collate(items, pad),
                             evaluate=lambda current: setup.evaluate(current), tokenizer=tokenizer,
