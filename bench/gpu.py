@@ -433,9 +433,10 @@ def render(r: dict[str, Any]) -> list[str]:
                     [[row["contender"], f"{row['texts_per_s']:,.0f}", f"{row['vs_sentence_transformers_fp32']:.2f}x",
                       f"{row['max_abs_diff_vs_cpu_fp32']:.1e}", f"{row['stsb_dev_spearman']:.4f}"]
                      for row in e["rows"]])
-    lines += ["", f"**Fine-tuning speed**: SST-2, {t['examples']:,} examples (one epoch, batch 32, the same "
-              "recipe on both sides), transformers' Trainer with length-grouped batches; accuracy on the same "
-              "held-out tenth, scored by the same code:", ""]
+    steps = next(row["steps"] for row in t["runs"] if "steps" in row)
+    lines += ["", f"**Fine-tuning speed**: {t['examples']:,} SST-2 rows, a tenth held out, one epoch of the rest "
+              f"({steps} steps of 32, the same recipe on both sides), against transformers' Trainer with "
+              "length-grouped batches; accuracy on the held-out tenth, scored by the same code:", ""]
     before = {row["contender"]: row for row in r["with_cudnn_attention"]["train_runs"]}
     lines += _table(["contender", "examples/s", "vs the grouped Trainer (same precision)", "accuracy",
                      "examples/s with cuDNN's attention (first run)"],

@@ -1,0 +1,202 @@
+"""How low can PyTorch go for one short text? The single-text latency of issue 22, taken apart (issue 22, point 6).
+
+bench/peers.py measures encoderkit's single-text p50 against ONNX Runtime's with the BERT optimizer (O3). This
+script asks where the gap is, all in one process, 2 threads, interleaved in blocks, from token ids (no tokenising)
+to a normalised mean-pooled vector, on the same 5 short texts as peers.py (all-MiniLM-L6-v2):
+
+- ``ONNX Runtime O3``: peers.py's optimized graph (its cache, made by peers.py when missing);
+- ``encoderkit``: the engine's path for one sequence (``Embedder.encode_tokens``: packing, the layers, pooling);
+- ``PyTorch floor``: the least PyTorch can do for this model: a hand-written loop over the same pre-packed MKL
+  weights (the fused query/key/value product, SDPA, the output product plus residual, LayerNorm, the first FFN
+  product with GELU in place, the second plus residual, LayerNorm), no modules, no packing, no checks. No
+  product of encoderkit's could take fewer ops than this, so it bounds what removing encoderkit's own overhead
+  can buy;
+- the 24 matrix products alone, at one text's shape (rows = the text's tokens), on MKL's packed GEMM
+  (encoderkit's kernel for few rows) against the same 24 MatMul+Add in an ONNX Runtime graph.
+
+    flock -x /tmp/bench.lock python bench/latency_floor.py [--calls 300]
+
+Writes bench/results/latency_floor.json.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common import SHARED, require, write_result
+from peers import MAX_LENGTH, THREADS, export_onnx, optimize_onnx, ort_session, short_texts
+
+
+def p50_interleaved(contenders: dict[str, Callable[[int], Any]], inputs: int, calls: int, block: int = 10
+                    ) -> dict[str, list[float]]:
+    """Seconds per call of each contender on input ``i % inputs``, in blocks of ``block`` calls taken in turn."""
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    for run in contenders.values():  # warm-up
+        for i in range(4 * inputs):
+            run(i % inputs)
+    for r in range(calls // block):
+        for name, run in contenders.items():
+            for k in range(3):
+                run((r + k) % inputs)
+            for i in range(block):
+                started = time.perf_counter()
+                run((r * block + i) % inputs)
+                seconds[name].append(time.perf_counter() - started)
+    return seconds
+
+
+class Floor:
+    """The least PyTorch forward of a BERT-shaped encoder: pre-packed MKL products and the functional ops, in a
+    plain loop, with encoderkit's weights (the same numbers, checked against encoderkit's vectors)."""
+
+    def __init__(self, encoder) -> None:
+        state = {k: v.detach() for k, v in encoder.state_dict().items()}
+        config = encoder.config
+        self.heads, self.hidden, self.eps = config.num_attention_heads, config.hidden_size, config.layer_norm_eps
+        self.head_dim = self.hidden // self.heads
+        pack = lambda w: (w.contiguous(), torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), 32))  # noqa: E731
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"layers.{i}."
+            get = lambda name: state[p + name]  # noqa: E731
+            qkv = pack(torch.cat([get("attention.query.weight"), get("attention.key.weight"),
+                                  get("attention.value.weight")]))
+            qkv_bias = torch.cat([get("attention.query.bias"), get("attention.key.bias"), get("attention.value.bias")])
+            self.layers.append((qkv, qkv_bias, pack(get("attention.output.weight")), get("attention.output.bias"),
+                                get("attention_norm.weight"), get("attention_norm.bias"), pack(get("ffn_in.weight")),
+                                get("ffn_in.bias"), pack(get("ffn_out.weight")), get("ffn_out.bias"),
+                                get("ffn_norm.weight"), get("ffn_norm.bias")))
+        self.word, self.position = state["embeddings.word.weight"], state["embeddings.position.weight"]
+        self.token_type = state["embeddings.token_type.weight"][0]
+        self.norm = state["embeddings.norm.weight"], state["embeddings.norm.bias"]
+
+    def __call__(self, ids: list[int]) -> torch.Tensor:
+        n, hidden, product = len(ids), (self.hidden,), torch.ops.mkl._mkl_linear
+        with torch.inference_mode():
+            x = F.layer_norm(self.word[torch.tensor(ids)] + self.position[:n] + self.token_type, hidden, *self.norm,
+                             self.eps)
+            for (qkv, qkv_bias, out, out_bias, norm1, bias1, ffn_in, in_bias, ffn_out, out2_bias, norm2,
+                 bias2) in self.layers:
+                q, k, v = product(x, qkv[1], qkv[0], qkv_bias, n).view(n, 3, self.heads, self.head_dim) \
+                    .permute(1, 2, 0, 3)
+                attended = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, self.hidden)
+                x = F.layer_norm(product(attended, out[1], out[0], out_bias, n).add_(x), hidden, norm1, bias1,
+                                 self.eps)
+                inner = torch.ops.aten.gelu_(product(x, ffn_in[1], ffn_in[0], in_bias, n))
+                x = F.layer_norm(product(inner, ffn_out[1], ffn_out[0], out2_bias, n).add_(x), hidden, norm2, bias2,
+                                 self.eps)
+            pooled = x.mean(0)
+            return pooled / pooled.norm()
+
+
+def products_only(floor: Floor, rows: int) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
+    """The forward's 24 products at ``rows`` rows: MKL's packed GEMM, and ONNX Runtime's MatMul+Add."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    products = []
+    for layer in floor.layers:
+        products += [(layer[0], layer[1]), (layer[2], layer[3]), (layer[6], layer[7]), (layer[8], layer[9])]
+    inputs = {size: torch.randn(rows, size) for size in {w[0].shape[1] for w, _ in products}}
+
+    def torch_products(_: int) -> None:
+        for (weight, packed), bias in products:
+            torch.ops.mkl._mkl_linear(inputs[weight.shape[1]], packed, weight, bias, rows)
+
+    nodes, initializers, outputs = [], [], []
+    for i, ((weight, _), bias) in enumerate(products):
+        initializers += [numpy_helper.from_array(weight.T.contiguous().numpy(), f"w{i}"),
+                         numpy_helper.from_array(bias.numpy(), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [f"x{weight.shape[1]}", f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"])]
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "products", [helper.make_tensor_value_info(f"x{size}", TensorProto.FLOAT,
+                                                                                [None, size]) for size in inputs],
+                              outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {f"x{size}": x.numpy() for size, x in inputs.items()}
+    return torch_products, lambda _: session.run(None, feed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    from encoderkit import Embedder, default_model_path
+
+    model_dir = default_model_path()
+    embedder = Embedder.from_pretrained(model_dir, dtype="fp32")
+    sentences = require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
+    texts = short_texts(sentences)
+    ids = embedder.tokenizer.encode_ids(texts, max_length=MAX_LENGTH)[0]
+    session = ort_session(optimize_onnx(export_onnx(model_dir), gelu_approximation=True))
+    floor = Floor(embedder.engine.encoder)
+
+    def ort_vector(i: int) -> np.ndarray:
+        row = np.array([ids[i]], dtype=np.int64)
+        hidden = session.run(None, {"input_ids": row, "attention_mask": np.ones_like(row),
+                                    "token_type_ids": np.zeros_like(row)})[0][0]
+        pooled = hidden.mean(0)
+        return pooled / np.linalg.norm(pooled)
+
+    contenders = {"ONNX Runtime O3": ort_vector,
+                  "encoderkit (engine, one sequence)": lambda i: torch.nn.functional.normalize(
+                      embedder.encode_tokens([ids[i]], None), dim=1)[0],
+                  "PyTorch floor (hand-written loop)": lambda i: floor(ids[i])}
+    reference = [embedder.encode(t) for t in texts]
+    differences = {name: max(float(np.abs(np.asarray(run(i)) - reference[i]).max()) for i in range(len(texts)))
+                   for name, run in contenders.items()}
+    rows = int(np.median([len(x) for x in ids]))
+    mkl, onnx_products = products_only(floor, rows)
+    contenders.update({f"24 products, {rows} rows: MKL packed (encoderkit's)": mkl,
+                       f"24 products, {rows} rows: ONNX Runtime MatMul+Add": onnx_products})
+    seconds = p50_interleaved(contenders, len(texts), args.calls)
+    table = []
+    for name, values in seconds.items():
+        ms = np.array(values) * 1e3
+        table.append({"contender": name, "calls": len(ms), "p50_ms": float(np.percentile(ms, 50)),
+                      "p99_ms": float(np.percentile(ms, 99)), "max_abs_diff_vs_encoderkit": differences.get(name)})
+        print(f"  {name:52s} p50 {table[-1]['p50_ms']:6.2f} ms  p99 {table[-1]['p99_ms']:6.2f} ms", flush=True)
+    write_result("latency_floor", {"texts": texts, "tokens": [len(x) for x in ids], "rows": table,
+                                   "command": f"python bench/latency_floor.py --calls {args.calls}"})
+
+
+def render(r: dict[str, Any]) -> list[str]:
+    from report import _machine, _table
+
+    by_name = {row["contender"]: row for row in r["rows"]}
+    ort_p50 = by_name["ONNX Runtime O3"]["p50_ms"]
+    lines = ["## Single-text latency taken apart (`bench/latency_floor.py`)", "", _machine(r), "",
+             f"One process, 2 threads, interleaved in blocks of 10, {r['rows'][0]['calls']} calls each, from token ids "
+             f"to a normalised mean-pooled vector; {len(r['texts'])} short texts of {min(r['tokens'])}-"
+             f"{max(r['tokens'])} tokens (bench/peers.py's). The PyTorch floor is a hand-written loop over the same "
+             "pre-packed weights, with none of encoderkit's modules, packing or checks: no PyTorch forward of this "
+             "model takes fewer ops.", ""]
+    ort_products = next(row["p50_ms"] for row in r["rows"] if row["contender"].endswith("ONNX Runtime MatMul+Add"))
+
+    def base(row: dict[str, Any]) -> float:
+        return ort_products if row["contender"].startswith("24 products") else ort_p50
+
+    lines += _table(["contender", "p50 ms", "p99 ms", "p50 vs ONNX Runtime's (the whole model; the products: its "
+                     "products)", "max abs diff to encoderkit"],
+                    [[row["contender"], f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}",
+                      f"{row['p50_ms'] / base(row):.2f}x",
+                      "" if row["max_abs_diff_vs_encoderkit"] is None else f"{row['max_abs_diff_vs_encoderkit']:.1e}"]
+                     for row in r["rows"]])
+    return lines
+
+
+if __name__ == "__main__":
+    main()
