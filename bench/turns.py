@@ -32,9 +32,29 @@ def _malloc_trim():
         return None
 
 
+# Trim between turns only when the machine has less memory available than this share of its total.
+TRIM_BELOW_AVAILABLE = 0.25
+
+
+def memory_is_short(share: float = TRIM_BELOW_AVAILABLE) -> bool:
+    """True when /proc/meminfo's MemAvailable is below ``share`` of MemTotal (True where it cannot be read)."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/meminfo", encoding="ascii"))
+        available, total = (int(fields[key].split()[0]) for key in ("MemAvailable", "MemTotal"))
+    except (OSError, KeyError, ValueError):
+        return True
+    return available < share * total
+
+
 def give_back_memory() -> None:
-    """Return freed heap to the system between turns: idle contenders would otherwise each keep their peak
-    (glibc keeps freed activations), and several contenders then overrun the machine's memory."""
+    """Return freed heap to the system between turns, when memory is short (``memory_is_short``): idle contenders
+    would otherwise each keep their peak (glibc keeps freed activations), and several contenders could overrun the
+    machine's memory. Only then: a trim takes from encoderkit's training process the memory it keeps between
+    steps (``memory.keep_freed_memory``), which a user's process never gives back, and the next step faults it in
+    anew. Measured (Intel Xeon, 2 cores, one SST-2 epoch): trimmed at every 10-step turn, encoderkit ran 1.06x the
+    grouped Trainer interleaved; each alone, back to back, 1.14x."""
+    if not memory_is_short():
+        return
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
