@@ -165,29 +165,33 @@ def masked_span_loss(trainer, model, inputs, return_outputs=False, num_items_in_
     return (loss, outputs) if return_outputs else loss
 
 
-def hf_training_args(out_dir: Path, recipe, sampling: str, log_every_step: bool = False):
-    """transformers' TrainingArguments with encoderkit's recipe: the same hyperparameters on both sides."""
+def hf_training_args(out_dir: Path, recipe, sampling: str, log_every_step: bool = False, **overrides: Any):
+    """transformers' TrainingArguments with encoderkit's recipe: the same hyperparameters on both sides, on the CPU
+    unless ``overrides`` say otherwise (``use_cpu=False, bf16=True``: bench/gpu.py)."""
     import transformers
 
-    return transformers.TrainingArguments(
+    options = dict(
         output_dir=str(out_dir), per_device_train_batch_size=recipe.batch_size, learning_rate=recipe.learning_rate,
         num_train_epochs=recipe.epochs, warmup_steps=recipe.warmup_ratio, weight_decay=recipe.weight_decay,
         max_grad_norm=recipe.max_grad_norm, adam_epsilon=recipe.adam_eps, seed=recipe.seed, report_to="none",
         save_strategy="no", logging_strategy="steps" if log_every_step else "no", logging_steps=1, use_cpu=True,
         dataloader_num_workers=0, disable_tqdm=True, train_sampling_strategy=sampling)
+    return transformers.TrainingArguments(**{**options, **overrides})
 
 
 def hf_trainer(task: str, setup, sampling: str, out_dir: Path, masked: bool = False, order=None,
-               model_options: dict[str, Any] | None = None, log_every_step: bool = False):
+               model_options: dict[str, Any] | None = None, log_every_step: bool = False,
+               model: Path | None = None, **arguments: Any):
     """transformers' model, features and Trainer for a task. ``order``: the rows in this order (with
-    ``sampling="sequential"``); ``model_options``: config overrides (e.g. dropout)."""
+    ``sampling="sequential"``); ``model_options``: config overrides (e.g. dropout); ``model``: the directory
+    (default: the default model); ``arguments``: TrainingArguments overrides (``hf_training_args``)."""
     import types
 
     import transformers
 
     from encoderkit import default_model_path
 
-    path = str(default_model_path())
+    path = str(model or default_model_path())
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     rows, collator = hf_features(task, setup, tokenizer)
     torch.manual_seed(setup.recipe.seed)
@@ -199,7 +203,7 @@ def hf_trainer(task: str, setup, sampling: str, out_dir: Path, masked: bool = Fa
                 else transformers.AutoModelForTokenClassification)
         model = auto.from_pretrained(path, num_labels=len(labels), id2label=dict(enumerate(labels)),
                                      label2id={label: i for i, label in enumerate(labels)}, **(model_options or {}))
-    args = hf_training_args(out_dir, setup.recipe, sampling, log_every_step)
+    args = hf_training_args(out_dir, setup.recipe, sampling, log_every_step, **arguments)
     if order is not None:
         rows = [rows[int(i)] for i in order]
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator)
@@ -219,24 +223,27 @@ def transformers_quality(setup, model, tokenizer, directory: Path) -> dict[str, 
 
 # ---------------------------------------------------------------------------------------------
 def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False, seed: int = HYPER["seed"],
-            epochs: float = HYPER["epochs"]):
+            epochs: float = HYPER["epochs"], model: Path | None = None, device: str = "cpu",
+            rows: list[tuple[str, str]] | None = None):
+    """encoderkit's fine-tuning set-up for a task with the benchmark's recipe. ``model``: the directory (default:
+    the default model); ``device``: where it trains; ``rows``: SST-2's (text, label) rows (default: ``sst2_rows``)."""
     from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
 
     data = SHARED / "data"
     h = hyper(task)  # its keys are Recipe's fields, but for the seeds and epochs a run chooses
     recipe = Recipe(**{k: v for k, v in h.items() if k not in ("seed", "epochs")}, epochs=epochs, seed=seed,
                     split_seed=h["seed"], group_by_length=group_by_length, bf16=bf16, show_progress=False, save_steps=10**9,
-                    valid_fraction=0.2 if task == "squad" else 0.1)
+                    valid_fraction=0.2 if task == "squad" else 0.1, device=device)
     if task == "sst2":
         train = work / "sst2.tsv"
         if not train.exists():
-            write_tsv(train, sst2_rows())
-        return prepare_finetune(task_kind("classify"), train, work / "ek", recipe=recipe)
+            write_tsv(train, sst2_rows() if rows is None else rows)
+        return prepare_finetune(task_kind("classify"), train, work / "ek", model=model, recipe=recipe)
     if task == "conll":
         return prepare_finetune(task_kind("ner"), require(data / "conll2003" / "eng.train"), work / "ek",
-                                valid=data / "conll2003" / "eng.testa", recipe=recipe)
+                                valid=data / "conll2003" / "eng.testa", model=model, recipe=recipe)
     return prepare_finetune(task_kind("qa"), require(data / "squad_v1.1" / "dev-v1.1.articles-00-20.json"),
-                            work / "ek", recipe=recipe)
+                            work / "ek", model=model, recipe=recipe)
 
 
 def probe_emulated_bf16(task: str, work: Path, steps: int = 3) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -39,7 +38,8 @@ import numpy as np
 import torch
 
 import common
-from common import RESULTS, ROOT, machine
+from common import RESULTS, ROOT, machine, median, timed
+from turns import TrainerPlayer
 
 ROUNDS = 3
 
@@ -138,17 +138,6 @@ def parity(device: torch.device, work: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # embed: encoderkit against sentence-transformers on the GPU
 # ---------------------------------------------------------------------------------------------
-def sts_spearman(encode: Callable[[list[str]], np.ndarray], path: Path) -> float:
-    from encoderkit.data.readers import read_sts
-    from encoderkit.tasks.sts import spearman
-
-    pairs = read_sts(path)
-    first, second = encode([p.sentence1 for p in pairs]), encode([p.sentence2 for p in pairs])
-    first = first / np.linalg.norm(first, axis=1, keepdims=True)
-    second = second / np.linalg.norm(second, axis=1, keepdims=True)
-    return float(spearman(np.array([p.score for p in pairs]), (first.astype(np.float64) * second).sum(axis=1)))
-
-
 def sentences(shared: Path, limit: int | None) -> list[str]:
     return (shared / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()[:limit]
 
@@ -157,9 +146,12 @@ def embed(device: torch.device, model: Path, shared: Path, limit: int | None) ->
     from sentence_transformers import SentenceTransformer
 
     from encoderkit import Embedder
+    from encoderkit.tasks.sts import spearman
+    from peers import normalized, sts_dev
 
     texts = sentences(shared, limit)
     sts = shared / "data" / "stsb" / "sts-dev.csv"
+    first, second, gold = sts_dev(sts) if sts.exists() else (None, None, None)
     reference = Embedder.from_pretrained(model, device="cpu").encode(texts)
     contenders: dict[str, Callable[[list[str]], np.ndarray]] = {}
     for dtype in ("fp32", "bf16"):
@@ -172,21 +164,19 @@ def embed(device: torch.device, model: Path, shared: Path, limit: int | None) ->
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
     for encode in contenders.values():
         encode(texts[:256])  # warm-up: kernels chosen, memory pools grown
-    for _ in range(ROUNDS):
+    for _ in range(ROUNDS):  # every contender returns numpy arrays: the GPU has finished when it returns
         for name, encode in contenders.items():
-            synchronize(device)
-            started = time.perf_counter()
-            encode(texts)
-            synchronize(device)
-            seconds[name].append(time.perf_counter() - started)
+            seconds[name].append(timed(lambda: encode(texts))[0])
     rows = []
-    st_rate = len(texts) / statistics.median(seconds["sentence-transformers fp32"])
+    st_rate = len(texts) / median(seconds["sentence-transformers fp32"])
     for name, encode in contenders.items():
         vectors = np.asarray(encode(texts), dtype=np.float32)
-        rate = len(texts) / statistics.median(seconds[name])
+        rate = len(texts) / median(seconds[name])
+        sts_spearman = None if gold is None else \
+            float(spearman(gold, (normalized(encode(first)) * normalized(encode(second))).sum(1)))
         rows.append({"contender": name, "texts_per_s": rate, "vs_sentence_transformers_fp32": rate / st_rate,
                      "max_abs_diff_vs_cpu_fp32": float(np.abs(vectors - reference).max()),
-                     "stsb_dev_spearman": sts_spearman(encode, sts) if sts.exists() else None})
+                     "stsb_dev_spearman": sts_spearman})
         print(f"  {name:40s} {rate:9.1f} texts/s ({rows[-1]['vs_sentence_transformers_fp32']:.2f}x ST fp32), "
               f"max diff {rows[-1]['max_abs_diff_vs_cpu_fp32']:.2e}, STS-B {rows[-1]['stsb_dev_spearman']}",
               flush=True)
@@ -202,12 +192,8 @@ def budget(device: torch.device, model: Path, shared: Path, limit: int | None) -
         for tokens in (2048, 4096, 8192, 16384, 32768, 65536):
             embedder = Embedder.from_pretrained(model, dtype=dtype, device=device, token_budget=tokens)
             embedder.encode(texts[:512])
-            times = []
-            for _ in range(ROUNDS):
-                started = time.perf_counter()
-                embedder.encode(texts)
-                times.append(time.perf_counter() - started)
-            rows.append({"dtype": dtype, "token_budget": tokens, "texts_per_s": len(texts) / statistics.median(times),
+            times = [timed(lambda: embedder.encode(texts))[0] for _ in range(ROUNDS)]
+            rows.append({"dtype": dtype, "token_budget": tokens, "texts_per_s": len(texts) / median(times),
                          "texts_per_s_rounds": [len(texts) / t for t in times]})
             print(f"  {dtype} {tokens:6d} tokens a batch: {rows[-1]['texts_per_s']:9.1f} texts/s", flush=True)
     return {"texts": len(texts), "rows": rows}
@@ -217,13 +203,10 @@ def budget(device: torch.device, model: Path, shared: Path, limit: int | None) -
 # train: the same steps on both devices; then encoderkit's Trainer against transformers' on the GPU
 # ---------------------------------------------------------------------------------------------
 def sst2_setup(rows: list[tuple[str, str]], work: Path, model: Path, device: torch.device, bf16: bool = False):
-    from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
+    """bench/finetune.py's SST-2 set-up (its recipe, length-grouped batches) on ``rows``, ``model`` and ``device``."""
+    from finetune import prepare
 
-    work.mkdir(parents=True, exist_ok=True)
-    common.write_tsv(work / "train.tsv", rows)
-    recipe = Recipe(epochs=1, batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, seed=42,
-                    group_by_length=True, bf16=bf16, show_progress=False, save_steps=10**9, device=str(device))
-    return prepare_finetune(task_kind("classify"), work / "train.tsv", work / "ek", model=model, recipe=recipe)
+    return prepare("sst2", work, group_by_length=True, bf16=bf16, model=model, device=str(device), rows=rows)
 
 
 def without_dropout(model: Path, work: Path) -> Path:
@@ -236,38 +219,15 @@ def without_dropout(model: Path, work: Path) -> Path:
 
 
 def hf_run(setup, model: Path, device: torch.device, bf16: bool, out: Path) -> tuple[float, dict[str, float]]:
-    """transformers' Trainer with length-grouped batches on the same rows and recipe: (seconds, quality)."""
-    import transformers
+    """transformers' Trainer with length-grouped batches on the same rows and recipe (bench/finetune.py's):
+    (seconds, quality)."""
+    from finetune import hf_trainer, transformers_quality
 
-    from finetune import transformers_quality
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model))
-    labels = setup.model.config.labels
-    encoded = tokenizer([e.text for e in setup.train_examples], truncation=True, max_length=setup.recipe.max_length)
-    rows = [{"input_ids": i, "token_type_ids": t, "attention_mask": m, "labels": labels.index(e.label)}
-            for i, t, m, e in zip(encoded["input_ids"], encoded["token_type_ids"], encoded["attention_mask"],
-                                  setup.train_examples)]
-    torch.manual_seed(setup.recipe.seed)
-    hf_model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(model), num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)})
-    recipe = setup.recipe
-    options = dict(output_dir=str(out), per_device_train_batch_size=recipe.batch_size,
-                   learning_rate=recipe.learning_rate, num_train_epochs=recipe.epochs, warmup_steps=recipe.warmup_ratio,
-                   weight_decay=recipe.weight_decay, max_grad_norm=recipe.max_grad_norm, adam_epsilon=recipe.adam_eps,
-                   seed=recipe.seed, report_to="none", save_strategy="no", logging_strategy="no",
-                   dataloader_num_workers=0, disable_tqdm=True, bf16=bf16, use_cpu=device.type == "cpu")
-    try:
-        args = transformers.TrainingArguments(**options, train_sampling_strategy="group_by_length")
-    except TypeError:  # a transformers from before train_sampling_strategy
-        args = transformers.TrainingArguments(**options, group_by_length=True)
-    trainer = transformers.Trainer(model=hf_model, args=args, train_dataset=rows,
-                                   data_collator=transformers.DataCollatorWithPadding(tokenizer))
+    trainer, _, tokenizer = hf_trainer("sst2", setup, "group_by_length", out, model=model, bf16=bf16,
+                                       use_cpu=device.type == "cpu")
     synchronize(device)
-    started = time.perf_counter()
-    trainer.train()
+    seconds, _ = timed(trainer.train)
     synchronize(device)
-    seconds = time.perf_counter() - started
     return seconds, transformers_quality(setup, trainer.model.float().cpu().eval(), tokenizer, out / "final")
 
 
@@ -294,13 +254,9 @@ def train(device: torch.device, model: Path, shared: Path, work: Path, examples:
     for bf16 in (False, True):
         setup = sst2_setup(rows, work / f"ek-{bf16}", model, device, bf16=bf16)
         trainer = setup.trainer
-        trainer.begin(resume=False)
-        synchronize(device)
-        started = time.perf_counter()
-        while trainer.step < trainer.config.max_steps:
-            trainer.train_step()
-        synchronize(device)
-        seconds = time.perf_counter() - started
+        player = TrainerPlayer(trainer)  # each step ends reading its loss: the GPU has finished it
+        player.run(trainer.config.max_steps)
+        seconds = player.seconds
         quality = setup.evaluate(setup.model.eval(), dtype="fp32")
         runs.append({"contender": "encoderkit" + (" bf16" if bf16 else ""), "seconds": seconds,
                      "examples_per_s": len(setup.train_features) / seconds, "accuracy": quality["accuracy"],
@@ -332,15 +288,11 @@ def profile(device: torch.device, model: Path, shared: Path, work: Path, steps: 
     for bf16 in (False, True):
         setup = sst2_setup(rows, work / f"profile-{bf16}", model, device, bf16=bf16)
         trainer = setup.trainer
-        trainer.begin(resume=False)
-        for _ in range(steps):  # warm-up
-            trainer.train_step()
-        synchronize(device)
-        started = time.perf_counter()
-        for _ in range(steps):
-            trainer.train_step()
-        synchronize(device)
-        steady = steps / (time.perf_counter() - started)
+        player = TrainerPlayer(trainer)
+        player.run(steps)  # warm-up
+        player.seconds = 0.0
+        player.run(steps)
+        steady = steps / player.seconds
         with profiler(activities=activities) as prof:
             for _ in range(steps):
                 trainer.train_step()

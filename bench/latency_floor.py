@@ -96,7 +96,6 @@ class Floor:
 
 def products_only(floor: Floor, rows: int) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
     """The forward's 24 products at ``rows`` rows: MKL's packed GEMM, and ONNX Runtime's MatMul+Add."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     products = []

@@ -414,10 +414,11 @@ def build_contenders(model_dir: Path, skip: set[str],
 # ---------------------------------------------------------------------------------------------
 # Measurements
 # ---------------------------------------------------------------------------------------------
-def sts_dev() -> tuple[list[str], list[str], np.ndarray]:
+def sts_dev(path: Path | None = None) -> tuple[list[str], list[str], np.ndarray]:
+    """STS-B dev (``path``, default ../shared's): first sentences, second sentences, gold scores."""
     from encoderkit.data.readers import read_sts
 
-    pairs = read_sts(require(SHARED / "data" / "stsb" / "sts-dev.csv"))
+    pairs = read_sts(require(path or SHARED / "data" / "stsb" / "sts-dev.csv"))
     return [p.sentence1 for p in pairs], [p.sentence2 for p in pairs], np.array([p.score for p in pairs])
 
 

@@ -167,10 +167,7 @@ class Precision:
                                  "use --dtype bf16 or auto on a GPU, or --device cpu for int8")
             return cls.quantized(purpose, token_budget=token_budget, at_least=at_least)
         resolved = resolve_dtype(dtype, device)
-        budget = _budget(token_budget, purpose, resolved, at_least)
-        if token_budget is None and device.type == "cuda":
-            budget = max(budget * GPU_BUDGET_FACTOR, at_least)
-        return cls(resolved, budget)
+        return cls(resolved, _budget(token_budget, purpose, resolved, at_least, device))
 
     @classmethod
     def quantized(cls, purpose: str = "task", *, fp32_layers: tuple[str, ...] | list[str] = (),
@@ -184,8 +181,14 @@ class Precision:
                    bool(smoothing))
 
 
-def _budget(token_budget: int | None, purpose: str, key: torch.dtype | str, at_least: int) -> int:
+def _budget(token_budget: int | None, purpose: str, key: torch.dtype | str, at_least: int,
+            device: torch.device | None = None) -> int:
+    """``token_budget``, or the default for ``purpose`` and ``key``; at least ``at_least``. On a GPU the default
+    (so raised) is ``GPU_BUDGET_FACTOR`` times larger."""
     budget = token_budget if token_budget is not None else TOKEN_BUDGETS[purpose][key]
     if budget <= 0:
         raise InputError(f"token_budget must be positive, found {budget}")
-    return max(budget, at_least)
+    budget = max(budget, at_least)
+    if token_budget is None and device is not None and device.type == "cuda":
+        budget *= GPU_BUDGET_FACTOR
+    return budget
