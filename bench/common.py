@@ -82,10 +82,11 @@ def save_loss_plot(figure: Any, axis: Any, path: Path, legend_size: float | None
     return path
 
 
-def write_result(name: str, data: dict[str, Any]) -> Path:
+def write_result(name: str, data: dict[str, Any], benchmark: str | None = None) -> Path:
+    """bench/results/<name>.json; ``benchmark`` (default ``name``) picks report.py's renderer."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    data = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+    data = {"benchmark": benchmark or name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
             **data}
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")

@@ -9,11 +9,18 @@ Two versions of a package cannot live in one process, so each runs in its own lo
 (PYTHONPATH=<its src>) that loads the models once, warms up, and then times one full encode per request. The
 parent interleaves the requests ABBA (before, after, after, before) in every repeat, so a drift in machine speed
 hits both alike. Reported: texts/s (median), the per-repeat speed ratio after/before (> 1: after is faster) and
-its median, and the max |difference| between the two versions' vectors.
+its median, and the max |difference| between the two versions' vectors. With ``--latency-calls N`` (> 0), each
+repeat also times N single-text calls (``encode`` of one short text, the serving case; bench/peers.py's 5 short
+texts in turn) in the same ABBA order: their p50 in ms.
+
+``--model`` and ``--shared`` name the model directory and the shared folder where the defaults are absent (a
+borrowed machine); ``--result`` the file under bench/results/ (default refactor_speed.json), so that a run on
+another CPU does not replace this one's.
 
 The machine is shared: run it alone, e.g. ``flock /tmp/bench.lock python bench/refactor_speed.py``.
 
     python bench/refactor_speed.py [--repeats 5] [--before-rev 8ef4bb8 | --before-src DIR] [--after-src DIR]
+        [--model DIR] [--shared DIR] [--latency-calls 0] [--result refactor_speed]
 """
 from __future__ import annotations
 
@@ -52,7 +59,8 @@ def worker(args: argparse.Namespace) -> None:
     from encoderkit import Embedder
 
     sentences = Path(args.sentences).read_text(encoding="utf-8").splitlines()
-    embedders = {dtype: Embedder.from_pretrained(dtype=dtype) for dtype in args.dtypes}
+    embedders = {dtype: Embedder.from_pretrained(args.model, dtype=dtype) for dtype in args.dtypes}
+    short = [s for s in sentences if 8 <= len(s.split()) <= 12][:5]  # bench/peers.py's short_texts
     info: dict[str, Any] = {"encoderkit": str(Path(encoderkit.__file__).resolve().parent), "dtypes": {}}
     for dtype, embedder in embedders.items():
         vectors = embedder.encode(sentences)  # warm-up; also the vectors compared between versions
@@ -69,6 +77,14 @@ def worker(args: argparse.Namespace) -> None:
         if request == "quit":
             break
         gc.collect()
+        if request.startswith("latency "):  # single-text calls: their seconds each
+            embedder, seconds = embedders[request.split()[1]], []
+            for i in range(3 + args.latency_calls):
+                start = time.perf_counter()
+                embedder.encode(short[i % len(short)])
+                seconds.append(time.perf_counter() - start)
+            reply.write(json.dumps({"seconds": seconds[3:]}) + "\n")
+            continue
         start = time.perf_counter()
         embedders[request].encode(sentences)
         reply.write(json.dumps({"seconds": time.perf_counter() - start}) + "\n")
@@ -82,7 +98,8 @@ class Worker:
         self.label, self.src = label, src
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--worker", "--sentences", str(sentences), "--vectors", str(vectors),
-             "--threads", str(args.threads), "--warmup", str(args.warmup), "--dtypes", *args.dtypes],
+             "--threads", str(args.threads), "--warmup", str(args.warmup), "--dtypes", *args.dtypes,
+             "--latency-calls", str(args.latency_calls), *(["--model", args.model] if args.model else [])],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.info = self._read()
         if Path(self.info["encoderkit"]) != (src / "encoderkit").resolve():
@@ -97,6 +114,10 @@ class Worker:
     def time(self, dtype: str) -> float:
         self.process.stdin.write(dtype + "\n")
         return float(self._read()["seconds"])
+
+    def latency(self, dtype: str) -> list[float]:
+        self.process.stdin.write(f"latency {dtype}\n")
+        return [float(x) for x in self._read()["seconds"]]
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -158,6 +179,13 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2, help="untimed encodes per model before timing")
+    parser.add_argument("--latency-calls", type=int, default=0,
+                        help="single-text calls per version, dtype and repeat (0: no latency)")
+    parser.add_argument("--model", help="the model directory (default: the default model)")
+    parser.add_argument("--shared", help="the shared folder holding bench/sentences.txt (default: ../shared)")
+    parser.add_argument("--result", default="refactor_speed", help="bench/results/<RESULT>.json")
+    parser.add_argument("--revisions", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="the commits to record, where the src/ directories are not git checkouts")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sentences", help=argparse.SUPPRESS)
     parser.add_argument("--vectors", help=argparse.SUPPRESS)
@@ -172,15 +200,17 @@ def main() -> None:
     from common import ROOT, SHARED, median, require, write_result
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
-    sentences = require(SHARED / "bench" / "sentences.txt")
+    sentences = require((Path(args.shared) if args.shared else SHARED) / "bench" / "sentences.txt")
     texts = len(sentences.read_text(encoding="utf-8").splitlines())
     after_src = Path(args.after_src).resolve() if args.after_src else ROOT / "src"
     sys.path.insert(0, str(after_src))  # the package write_result asks about the machine
     times: dict[str, dict[str, list[float]]] = {d: {"before": [], "after": []} for d in args.dtypes}
     ratios: dict[str, list[float]] = {d: [] for d in args.dtypes}
+    single: dict[str, dict[str, list[float]]] = {d: {"before": [], "after": []} for d in args.dtypes}
     with before_source(args) as before_src, tempfile.TemporaryDirectory(prefix="refactor-speed-") as scratch:
         sources = {"before": before_src, "after": after_src}
-        revisions = {label: source_revision(src) for label, src in sources.items()}
+        revisions = dict(zip(sources, args.revisions)) if args.revisions else \
+            {label: source_revision(src) for label, src in sources.items()}
         workers: dict[str, Worker] = {}
         try:
             for label, src in sources.items():
@@ -194,6 +224,9 @@ def main() -> None:
                     for label, values in seconds.items():
                         times[dtype][label] += values
                     ratios[dtype].append(sum(seconds["before"]) / sum(seconds["after"]))
+                    if args.latency_calls:
+                        for label in ("before", "after", "after", "before"):
+                            single[dtype][label] += workers[label].latency(dtype)
                     print(f"repeat {repeat + 1} {dtype}: before " + ", ".join(f"{s:.2f}s" for s in seconds["before"])
                           + "; after " + ", ".join(f"{s:.2f}s" for s in seconds["after"])
                           + f"; speed after/before {ratios[dtype][-1]:.3f}", flush=True)
@@ -214,6 +247,9 @@ def main() -> None:
             "max_abs_diff": float(np.abs(vectors["before"][dtype] - vectors["after"][dtype]).max()),
             "before_token_budget": before_info["token_budget"], "after_token_budget": after_info["token_budget"],
         })
+        if args.latency_calls:
+            rows[-1].update({f"{label}_single_text_p50_ms": 1e3 * median(single[dtype][label])
+                             for label in ("before", "after")})
     flags = cpu_flags()
     print(f"\n{texts} texts, {args.threads} threads; before {revisions['before']}, after {revisions['after']}")
     print("CPU flags: " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in flags.items()))
@@ -223,11 +259,15 @@ def main() -> None:
         print(f"{row['dtype']:5s} {row['before_texts_per_second']:10.0f} {row['after_texts_per_second']:10.0f} "
               f"{row['median_ratio']:11.3f}x {' '.join(f'{r:.3f}' for r in row['ratios_after_over_before']):>32s} "
               f"{row['max_abs_diff']:9.1e}")
-    write_result("refactor_speed", {
+        if args.latency_calls:
+            print(f"      single text p50: before {row['before_single_text_p50_ms']:.2f} ms, after "
+                  f"{row['after_single_text_p50_ms']:.2f} ms")
+    write_result(args.result, {
         "texts": texts, "repeats": args.repeats, "order": "ABBA (before, after, after, before) per repeat and dtype",
         "before": {"revision": revisions["before"], "rev_argument": None if args.before_src else args.before_rev},
         "after": {"revision": revisions["after"]}, "cpu_flags": flags, "rows": rows,
-    })
+        "latency_calls": args.latency_calls, "command": "python bench/refactor_speed.py " + " ".join(sys.argv[1:]),
+    }, benchmark="refactor_speed")
 
 
 if __name__ == "__main__":

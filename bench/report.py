@@ -202,7 +202,8 @@ def render_attention_heads(r: dict[str, Any]) -> list[str]:
 def render_refactor_speed(r: dict[str, Any]) -> list[str]:
     flags = ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in r["cpu_flags"].items())
     before, after = r["before"]["revision"], r["after"]["revision"]
-    lines = ["## Embedding speed before and after a refactor (`bench/refactor_speed.py`)", "", _machine(r), "",
+    lines = [f"## Embedding speed before and after (`bench/refactor_speed.py`): {before} against {after}, "
+             f"{r['machine']['threads']} threads, {r['machine']['cpu']}", "", _machine(r), "",
              f"`Embedder.from_pretrained().encode()` on the {r['texts']:,} texts of `../shared/bench/sentences.txt`, "
              f"before (`{before}`) and after (`{after}`), each version in its own worker process, timed in "
              f"{r['repeats']} interleaved ABBA repeats (before, after, after, before). texts/s: median over the "
@@ -211,8 +212,17 @@ def render_refactor_speed(r: dict[str, Any]) -> list[str]:
     rows = [[row["dtype"], f"{row['before_texts_per_second']:,.0f}", f"{row['after_texts_per_second']:,.0f}",
              f"**{row['median_ratio']:.3f}x**", " ".join(f"{x:.3f}" for x in row["ratios_after_over_before"]),
              f"{row['max_abs_diff']:.1e}"] for row in r["rows"]]
-    return lines + _table(["dtype", "before texts/s", "after texts/s", "after/before (median)", "per repeat",
-                           "max abs diff of the vectors"], rows) + [""]
+    header = ["dtype", "before texts/s", "after texts/s", "after/before (median)", "per repeat",
+              "max abs diff of the vectors"]
+    if r.get("latency_calls"):
+        lines[-2] += (f" Single text: `encode` of one short text (bench/peers.py's 5, in turn), {r['latency_calls']} "
+                      "calls per version, dtype and repeat, in the same ABBA order; p50 over all of them.")
+        header += ["single text p50 ms, before", "after"]
+        for row, cells in zip(r["rows"], rows):
+            cells += [f"{row['before_single_text_p50_ms']:.2f}", f"{row['after_single_text_p50_ms']:.2f}"]
+    if r.get("note"):
+        lines[-2] += " " + r["note"]
+    return lines + _table(header, rows) + [""]
 
 
 def render_long_context(r: dict[str, Any]) -> list[str]:
