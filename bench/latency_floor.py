@@ -32,15 +32,19 @@ from common import SHARED, require, write_result
 from peers import MAX_LENGTH, THREADS, export_onnx, optimize_onnx, ort_session, short_texts
 
 
-def p50_interleaved(contenders: dict[str, Callable[[int], Any]], inputs: int, calls: int, block: int = 10
-                    ) -> dict[str, list[float]]:
-    """Seconds per call of each contender on input ``i % inputs``, in blocks of ``block`` calls taken in turn."""
+def p50_interleaved(contenders: dict[str, Callable[[int], Any]], inputs: int, calls: int, block: int = 10,
+                    settle_s: float = 0.2) -> dict[str, list[float]]:
+    """Seconds per call of each contender on input ``i % inputs``, in blocks of ``block`` calls taken in turn.
+    Each block waits ``settle_s`` first (bench/peers.py's rule): ONNX Runtime's threads spin after a call and
+    torch's OpenMP threads wait actively for a while, so a block that starts right after another runtime's shares
+    the two cores with that runtime's spinning threads."""
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
     for run in contenders.values():  # warm-up
         for i in range(4 * inputs):
             run(i % inputs)
     for r in range(calls // block):
         for name, run in contenders.items():
+            time.sleep(settle_s)
             for k in range(3):
                 run((r + k) % inputs)
             for i in range(block):
@@ -168,7 +172,7 @@ def main() -> None:
         table.append({"contender": name, "calls": len(ms), "p50_ms": float(np.percentile(ms, 50)),
                       "p99_ms": float(np.percentile(ms, 99)), "max_abs_diff_vs_encoderkit": differences.get(name)})
         print(f"  {name:52s} p50 {table[-1]['p50_ms']:6.2f} ms  p99 {table[-1]['p99_ms']:6.2f} ms", flush=True)
-    write_result("latency_floor", {"texts": texts, "tokens": [len(x) for x in ids], "rows": table,
+    write_result("latency_floor", {"texts": texts, "tokens": [len(x) for x in ids], "rows": table, "settle_s": 0.2,
                                    "command": f"python bench/latency_floor.py --calls {args.calls}"})
 
 
@@ -178,7 +182,9 @@ def render(r: dict[str, Any]) -> list[str]:
     by_name = {row["contender"]: row for row in r["rows"]}
     ort_p50 = by_name["ONNX Runtime O3"]["p50_ms"]
     lines = ["## Single-text latency taken apart (`bench/latency_floor.py`)", "", _machine(r), "",
-             f"One process, 2 threads, interleaved in blocks of 10, {r['rows'][0]['calls']} calls each, from token ids "
+             f"One process, 2 threads, interleaved in blocks of 10 (each after a {r.get('settle_s', 0)} s pause, so that "
+             "the previous runtime's spinning threads have gone to sleep), "
+             f"{r['rows'][0]['calls']} calls each, from token ids "
              f"to a normalised mean-pooled vector; {len(r['texts'])} short texts of {min(r['tokens'])}-"
              f"{max(r['tokens'])} tokens (bench/peers.py's). The PyTorch floor is a hand-written loop over the same "
              "pre-packed weights, with none of encoderkit's modules, packing or checks: no PyTorch forward of this "
