@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -58,6 +59,21 @@ def matmul_peak(dtype: torch.dtype, size: tuple[int, int, int] = (4096, 384, 153
     return 2 * m * k * n / best / 1e9
 
 
+def widened(model_dir: Path, work: Path) -> Path:
+    """``model_dir`` with fp16 weights widened to fp32 (a copy under ``work``), or ``model_dir`` itself where they are
+    fp32: a model carried to a borrowed machine in half the bytes (bench/gpu.py, bench/refactor_speed.py)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(model_dir / "model.safetensors")
+    if all(t.dtype != torch.float16 for t in weights.values()):
+        return model_dir
+    target = work / "model-fp32"
+    shutil.copytree(model_dir, target)
+    save_file({k: (t.float() if t.dtype == torch.float16 else t) for k, t in weights.items()},
+              target / "model.safetensors", metadata={"format": "pt"})
+    return target
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     value = fn()
@@ -86,8 +102,8 @@ def write_result(name: str, data: dict[str, Any], benchmark: str | None = None) 
     """bench/results/<name>.json; ``benchmark`` (default ``name``) picks report.py's renderer."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    data = {"benchmark": benchmark or name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-            **data}
+    data = {"benchmark": benchmark or name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine(), **data}
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")
     return path

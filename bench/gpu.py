@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 import common
-from common import RESULTS, ROOT, machine, median, timed
+from common import RESULTS, ROOT, machine, median, timed, widened
 from turns import TrainerPlayer
 
 ROUNDS = 3
@@ -56,20 +56,6 @@ def gpu_facts(device: torch.device) -> dict[str, Any]:
     return {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
             "multiprocessors": props.multi_processor_count, "cuda": torch.version.cuda,
             "bf16": torch.cuda.is_bf16_supported(including_emulation=False)}
-
-
-def widened(model_dir: Path, work: Path) -> Path:
-    """``model_dir`` with fp16 weights widened to fp32 (a copy), or ``model_dir`` itself where they are fp32."""
-    from safetensors.torch import load_file, save_file
-
-    weights = load_file(model_dir / "model.safetensors")
-    if all(t.dtype != torch.float16 for t in weights.values()):
-        return model_dir
-    target = work / "model-fp32"
-    shutil.copytree(model_dir, target)
-    save_file({k: (t.float() if t.dtype == torch.float16 else t) for k, t in weights.items()},
-              target / "model.safetensors", metadata={"format": "pt"})
-    return target
 
 
 # ---------------------------------------------------------------------------------------------

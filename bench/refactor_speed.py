@@ -14,8 +14,9 @@ repeat also times N single-text calls (``encode`` of one short text, the serving
 texts in turn) in the same ABBA order: their p50 in ms.
 
 ``--model`` and ``--shared`` name the model directory and the shared folder where the defaults are absent (a
-borrowed machine); ``--result`` the file under bench/results/ (default refactor_speed.json), so that a run on
-another CPU does not replace this one's.
+borrowed machine; a model carried with fp16 weights is widened to fp32 first, ``common.widened``); ``--result``
+the file under bench/results/ (default refactor_speed.json), so that a run on another CPU does not replace this
+one's.
 
 The machine is shared: run it alone, e.g. ``flock /tmp/bench.lock python bench/refactor_speed.py``.
 
@@ -36,6 +37,7 @@ from typing import Any, Iterator
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
 DTYPES = ("fp32", "bf16")
+ABBA = ("before", "after", "after", "before")  # each repeat's order of requests
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,7 +62,9 @@ def worker(args: argparse.Namespace) -> None:
 
     sentences = Path(args.sentences).read_text(encoding="utf-8").splitlines()
     embedders = {dtype: Embedder.from_pretrained(args.model, dtype=dtype) for dtype in args.dtypes}
-    short = [s for s in sentences if 8 <= len(s.split()) <= 12][:5]  # bench/peers.py's short_texts
+    from peers import short_texts
+
+    short = short_texts(sentences)
     info: dict[str, Any] = {"encoderkit": str(Path(encoderkit.__file__).resolve().parent), "dtypes": {}}
     for dtype, embedder in embedders.items():
         vectors = embedder.encode(sentences)  # warm-up; also the vectors compared between versions
@@ -197,7 +201,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from common import ROOT, SHARED, median, require, write_result
+    from common import ROOT, SHARED, median, require, widened, write_result
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
     sentences = require((Path(args.shared) if args.shared else SHARED) / "bench" / "sentences.txt")
@@ -208,6 +212,8 @@ def main() -> None:
     ratios: dict[str, list[float]] = {d: [] for d in args.dtypes}
     single: dict[str, dict[str, list[float]]] = {d: {"before": [], "after": []} for d in args.dtypes}
     with before_source(args) as before_src, tempfile.TemporaryDirectory(prefix="refactor-speed-") as scratch:
+        if args.model:
+            args.model = str(widened(Path(args.model), Path(scratch)))
         sources = {"before": before_src, "after": after_src}
         revisions = dict(zip(sources, args.revisions)) if args.revisions else \
             {label: source_revision(src) for label, src in sources.items()}
@@ -219,13 +225,13 @@ def main() -> None:
             for repeat in range(args.repeats):
                 for dtype in args.dtypes:
                     seconds = {"before": [], "after": []}
-                    for label in ("before", "after", "after", "before"):
+                    for label in ABBA:
                         seconds[label].append(workers[label].time(dtype))
                     for label, values in seconds.items():
                         times[dtype][label] += values
                     ratios[dtype].append(sum(seconds["before"]) / sum(seconds["after"]))
                     if args.latency_calls:
-                        for label in ("before", "after", "after", "before"):
+                        for label in ABBA:
                             single[dtype][label] += workers[label].latency(dtype)
                     print(f"repeat {repeat + 1} {dtype}: before " + ", ".join(f"{s:.2f}s" for s in seconds["before"])
                           + "; after " + ", ".join(f"{s:.2f}s" for s in seconds["after"])

@@ -35,6 +35,8 @@ import torch
 
 from common import RESULTS, machine, matmul_peak, write_result
 
+TARGET = 1.5  # issue 22's speed-up over the grouped Trainer
+
 
 def linear_weights(config: Any) -> int:
     """Weights of the encoder's linear layers (query, key, value, output, the two FFN products), all layers."""
@@ -74,14 +76,19 @@ def count(task: str, work: Path) -> dict[str, Any]:
             "padded_tflop": padded_flops / 1e12, "bound": padded_flops / real_flops}
 
 
-def achieved(row: dict[str, Any], cpu: str) -> dict[str, Any] | None:
-    """The newest full-epoch interleaved run of the grouped Trainer and encoderkit on this CPU, from finetune.json."""
+def full_epoch_trials(cpu: str) -> list[dict[str, Any]]:
+    """bench/finetune.py's one-epoch trials on this CPU (finetune.json), none where it has not run."""
     path = RESULTS / "finetune.json"
     if not path.is_file():
-        return None
-    results = json.loads(path.read_text(encoding="utf-8"))
-    runs = [t for t in results.get("trials", []) if t["task"] == row["task"] and t["epochs"] == 1
-            and t.get("machine", {}).get("cpu") == cpu]
+        return []
+    trials = json.loads(path.read_text(encoding="utf-8")).get("trials", [])
+    return [t for t in trials if t["epochs"] == 1 and t.get("machine", {}).get("cpu") == cpu]
+
+
+def achieved(row: dict[str, Any], trials: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest of ``trials`` (``full_epoch_trials``) on ``row``'s task: the grouped Trainer's and encoderkit's
+    seconds, speed-up and achieved GFLOP/s (None where that run lacks either)."""
+    runs = [t for t in trials if t["task"] == row["task"]]
     if not runs:
         return None
     run = max(runs, key=lambda t: t["date"])
@@ -95,8 +102,6 @@ def achieved(row: dict[str, Any], cpu: str) -> dict[str, Any] | None:
             "encoderkit_gflops_for_1_5x": 1e3 * row["real_tflop"] / (trainer / TARGET)}
 
 
-TARGET = 1.5  # issue 22's speed-up over the grouped Trainer
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,13 +109,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = machine()["cpu"]
+    trials = full_epoch_trials(machine()["cpu"])
     peak = matmul_peak(torch.float32)
     rows = []
     with tempfile.TemporaryDirectory(prefix="unpadding-") as scratch:
         for task in args.tasks.split(","):
             row = count(task, Path(scratch) / task)
-            row["run"] = achieved(row, cpu)
+            row["run"] = achieved(row, trials)
             rows.append(row)
             line = (f"{task:6s} padding {100 * row['padding_share']:5.1f}% of the grouped Trainer's tokens; bound on "
                     f"unpadding's speed-up {row['bound']:.3f}x")

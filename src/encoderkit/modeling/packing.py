@@ -111,10 +111,6 @@ class AttentionGroup:
     def slots(self) -> int:
         return self.count * self.length
 
-    def grid(self, rows: torch.Tensor) -> torch.Tensor:
-        """(slots, ...) -> (count, length, ...): the group's part of rows laid out as its grids (a view)."""
-        return rows[self.start:self.start + self.slots].view(self.count, self.length, *rows.shape[1:])
-
 
 @dataclass
 class Packing:
@@ -243,15 +239,12 @@ class Packing:
         are the slots already), whose backward is a gather as well (``_GatherRows``)."""
         if self.slot_rows is not None:
             rows = _GatherRows.apply(rows, self.slot_rows, self.row_slots)
-        sizes = [group.slots for group in self.groups]
-        if len(sizes) > 1 and sum(sizes) == rows.shape[0] and all(
-                group.start == sum(sizes[:i]) for i, group in enumerate(self.groups)):
-            # One split, not a slice per group: a slice's backward writes its gradient into a zero tensor the size
-            # of all the rows, and autograd then adds those up, one fill and one add of the whole (tokens, 3 x
-            # hidden) gradient per group and layer (6% of a SQuAD training step); a split's backward is one cat.
-            return [part.view(group.count, group.length, *rows.shape[1:])
-                    for part, group in zip(rows.split(sizes), self.groups)]
-        return [group.grid(rows) for group in self.groups]
+        # The groups' grids are the slots back to back, so one split cuts them all. Not a slice per group: a slice's
+        # backward writes its gradient into a zero tensor the size of all the rows, and autograd then adds those up,
+        # one fill and one add of the whole (tokens, 3 x hidden) gradient per group and layer (6% of a SQuAD training
+        # step); a split's backward is one cat.
+        parts = rows.split([group.slots for group in self.groups])
+        return [part.view(group.count, group.length, *rows.shape[1:]) for part, group in zip(parts, self.groups)]
 
     def from_grids(self, grids: list[torch.Tensor]) -> torch.Tensor:
         """Each group's (count, length, ...) grid -> (tokens, ...) in row order; padding slots dropped."""
