@@ -5,7 +5,11 @@ script asks where the gap is, all in one process, 2 threads, interleaved in bloc
 to a normalised mean-pooled vector, on the same 5 short texts as peers.py (all-MiniLM-L6-v2):
 
 - ``ONNX Runtime O3``: peers.py's optimized graph (its cache, made by peers.py when missing);
-- ``encoderkit``: the engine's path for one sequence (``Embedder.encode_tokens``: packing, the layers, pooling);
+- ``encoderkit``: the engine's path for one sequence (``Embedder.encode_tokens``: packing, the layers, pooling),
+  which runs the embeddings and every layer in one call of encoderkit's native kernel (``encoderkit.native``);
+- ``native kernel alone``: that one call, from token ids to the last layer's states, without the engine around it;
+- ``encoderkit, PyTorch layers``: the same engine with the native kernel turned off (``native.disable``): what
+  every single text ran before it;
 - ``PyTorch floor``: the least PyTorch can do for this model: a hand-written loop over the same pre-packed MKL
   weights (the fused query/key/value product, SDPA, the output product plus residual, LayerNorm, the first FFN
   product with GELU in place, the second plus residual, LayerNorm), no modules, no packing, no checks. No
@@ -146,6 +150,22 @@ def main() -> None:
     ids = embedder.tokenizer.encode_ids(texts, max_length=MAX_LENGTH)[0]
     session = ort_session(optimize_onnx(export_onnx(model_dir), gelu_approximation=True))
     floor = Floor(embedder.engine.encoder)
+    from encoderkit import native
+    from encoderkit.modeling.packing import Packing
+
+    torch_layers = Embedder.from_pretrained(model_dir, dtype="fp32")
+    native.disable(torch_layers.engine.encoder)
+    embedder.encode_tokens([ids[0]], None)
+    kernel = embedder.engine.encoder.__dict__.get("_native")
+    if kernel is None:
+        raise SystemExit(f"encoderkit's native kernel did not run: {native.status()}")
+    packed = [(torch.tensor(x), Packing.from_lengths([len(x)], overhead=0)) for x in ids]
+
+    def kernel_alone(i: int) -> torch.Tensor:
+        with torch.inference_mode():
+            hidden = kernel(packed[i][0], None, packed[i][1].positions, packed[i][1].cu_seqlens)
+            pooled = hidden.mean(0)
+            return pooled / pooled.norm()
 
     def ort_vector(i: int) -> np.ndarray:
         row = np.array([ids[i]], dtype=np.int64)
@@ -157,6 +177,9 @@ def main() -> None:
     contenders = {"ONNX Runtime O3": ort_vector,
                   "encoderkit (engine, one sequence)": lambda i: torch.nn.functional.normalize(
                       embedder.encode_tokens([ids[i]], None), dim=1)[0],
+                  "native kernel alone (ids to states, one call)": kernel_alone,
+                  "encoderkit, PyTorch layers (native kernel off)": lambda i: torch.nn.functional.normalize(
+                      torch_layers.encode_tokens([ids[i]], None), dim=1)[0],
                   "PyTorch floor (hand-written loop)": lambda i: floor(ids[i])}
     reference = [embedder.encode(t) for t in texts]
     differences = {name: max(float(np.abs(np.asarray(run(i)) - reference[i]).max()) for i in range(len(texts)))
@@ -186,9 +209,11 @@ def render(r: dict[str, Any]) -> list[str]:
              "the previous runtime's spinning threads have gone to sleep), "
              f"{r['rows'][0]['calls']} calls each, from token ids "
              f"to a normalised mean-pooled vector; {len(r['texts'])} short texts of {min(r['tokens'])}-"
-             f"{max(r['tokens'])} tokens (bench/peers.py's). The PyTorch floor is a hand-written loop over the same "
-             "pre-packed weights, with none of encoderkit's modules, packing or checks: no PyTorch forward of this "
-             "model takes fewer ops.", ""]
+             f"{max(r['tokens'])} tokens (bench/peers.py's). encoderkit's engine runs the embeddings and every layer "
+             "of one short text in one call of its native kernel (`encoderkit.native`, built with the machine's C++ "
+             "compiler); the row with the kernel off is the same engine on its PyTorch layers. The PyTorch floor is a "
+             "hand-written loop over MKL's pre-packed weights, with none of encoderkit's modules, packing or checks: "
+             "no PyTorch forward of this model takes fewer ops.", ""]
     ort_products = next(row["p50_ms"] for row in r["rows"] if row["contender"].endswith("ONNX Runtime MatMul+Add"))
 
     def base(row: dict[str, Any]) -> float:

@@ -53,6 +53,8 @@ class Engine:
         and restored after: for jobs that own the process (``encoderkit embed``, a Ray actor). ``None``: two lanes
         where ``owns_process()`` says no other Python thread could see the change and the model is on the CPU,
         else one."""
+        if len(ids) == 1 and progress is None:  # one text (the serving case): no batching to plan, no lanes
+            return self._pooled_one(ids[0], None if types is None else types[0], pooling)
         out = torch.zeros(len(ids), self.encoder.config.hidden_size, dtype=torch.float32)
         if not len(ids):
             return out
@@ -71,6 +73,20 @@ class Engine:
             lanes = lanes_for(torch.get_num_threads()) if on_cpu and owns_process() else 1
         self.in_lanes(ids, types, lanes, pool_into, max_batch_size=max_batch_size)
         return out
+
+    def _pooled_one(self, ids: Sequence[int], types: Sequence[int] | None, pooling: str) -> torch.Tensor:
+        """``pooled`` of one sequence: the steps of ``_batches`` for a batch of one, without its planning."""
+        if not len(ids):
+            raise ValueError("every sequence needs at least one token")
+        if self.encoder.config.type_vocab_size < 2:
+            types = None
+        device = _device_of(self.encoder)
+        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+            packing = Packing.from_lengths([len(ids)], overhead=0, device=device, mask_dtype=self.precision.dtype)
+            hidden = self.encoder.forward_packed(torch.as_tensor(ids, dtype=torch.int64, device=device), packing,
+                                                 None if types is None else
+                                                 torch.as_tensor(types, dtype=torch.int64, device=device))
+            return pool_packed(hidden, packing, pooling).to(device="cpu", dtype=torch.float32)
 
     def in_lanes(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, lanes: int,
                  consume: Callable[[np.ndarray, torch.Tensor, Packing], None], *,
@@ -163,8 +179,9 @@ _LANES = threading.Lock()  # one lane job at a time changes torch's thread count
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    parameter = next(model.parameters(), None)
-    return torch.device("cpu") if parameter is None else parameter.device
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
 
 
 def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
+from ..native import native_forward
 from .attention import AttentionContext, RotaryTables, SelfAttention, check_attention_bias
 from .dropout import Dropout
 from .embeddings import Embeddings
@@ -222,6 +223,12 @@ class EncoderModel(nn.Module):
             ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
         """The one forward of every family, on (tokens,) ids laid out by ``packing``: the final (tokens, hidden)
         states, and each layer's states and attention probabilities when asked for."""
+        if not (output_hidden_states or output_attentions or score_parts is not None):
+            # few tokens, fp32 inference of a post-norm family: the whole forward in one native call
+            # (``encoderkit.native``; a kernel switch, the same layers)
+            native = native_forward(self, input_ids, token_type_ids, position_ids, packing)
+            if native is not None:
+                return native, None, None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         context = AttentionContext(packing, output_attentions, self.rotary,
                                    None if self.relative is None else self.relative(), score_parts,

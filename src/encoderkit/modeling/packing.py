@@ -154,6 +154,11 @@ class Packing:
     def from_lengths(cls, lengths: np.ndarray | list[int], *, overhead: float | None = None,
                      device: torch.device | str | None = None, mask_dtype: torch.dtype = torch.float32) -> "Packing":
         """Sequences packed back to back in the given order (no padded grid anywhere)."""
+        if len(lengths) == 1 and overhead == 0 and int(lengths[0]) > 0:  # one sequence (a served text): no numpy
+            n = int(lengths[0])
+            return cls(torch.tensor([n], device=device), torch.tensor([0, n], device=device),
+                       torch.arange(n, device=device), torch.zeros(n, dtype=torch.int64, device=device),
+                       [AttentionGroup(1, n, None, None, 0)], None)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         total = int(starts[-1])

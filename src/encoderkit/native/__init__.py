@@ -1,0 +1,296 @@
+"""A native kernel for the layers of a post-norm encoder on few tokens: the single-text (serving) case.
+
+Why: for one short text, a PyTorch forward of all-MiniLM-L6-v2 spends more time between its ops than in them. On 2
+CPUs (Intel Xeon, Cascade Lake) the least PyTorch loop over pre-packed MKL products took 7.2 ms where ONNX Runtime
+takes 4.6 ms for the whole model, and its 24 matrix products alone took 4.4 ms (bench/latency_floor.py): each
+product reads its weights from memory once for a handful of rows, and about a hundred Python calls and dispatches
+sit around them. ``small_batch.cpp`` runs every layer in one call: weights packed once into panels read front to
+back, bias, activation and residual applied in registers, attention per sequence and head, LayerNorm, all on a
+pool of its own threads (the caller's torch thread count).
+
+It applies, through ``EncoderModel.run`` (the one forward; this is a kernel switch like SDPA's), where all of
+these hold: the model was prepared by ``for_inference`` in fp32 without int8, runs on the CPU with no gradient,
+returns only its last states, its layers are post-norm with absolute positions (BERT, RoBERTa, DistilBERT, ALBERT,
+ELECTRA; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReLU, and the batch has at most
+``MAX_TOKENS`` tokens packed in row order. Everything else runs the PyTorch layers as before.
+
+Built at first use with the machine's C++ compiler (``g++``, or ``$CXX``) for the CPU it runs on (``-march=native``)
+into ``$ENCODERKIT_CACHE`` (default ``~/.cache/encoderkit``)/native/, a few seconds once; the file name carries a
+hash of the source, the compiler and the CPU's flags. Without a compiler, or with ``ENCODERKIT_NATIVE=0``, the
+PyTorch layers run, with the same results to fp32 rounding. ``status()`` says which and why.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("small_batch.cpp")
+# Batches of at most this many tokens take the native kernel. Measured on all-MiniLM-L6-v2 (Intel Xeon, Cascade Lake,
+# AVX-512, 2 threads; Engine.encode_tokens, interleaved, p50), native against the PyTorch layers: one sequence of
+# 32 tokens 8.7 against 12.5 ms, of 64 tokens 17.0 against 19.7 ms, four of 16 14.7 against 20.2 ms. Its attention
+# is a plain loop per sequence and head, quadratic in the length: longer inputs stay on PyTorch's kernels.
+MAX_TOKENS = 64
+ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_reason: str | None = None  # why the native layers are off, once tried
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ENCODERKIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "encoderkit")
+    return Path(root) / "native"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _build(compiler: str) -> Path:
+    from ..precision import cpu_flags
+
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256(source + version.encode() + " ".join(sorted(cpu_flags())).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"small_batch-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:  # concurrent builds: the last rename wins
+        built = Path(scratch) / target.name
+        command = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp", str(SOURCE),
+                   "-o", str(built)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
+        os.replace(built, target)
+    return target
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use; None where it cannot be (``status()`` says why)."""
+    global _library, _reason
+    if _library is not None or _reason is not None:
+        return _library
+    with _lock:
+        if _library is not None or _reason is not None:
+            return _library
+        if os.environ.get("ENCODERKIT_NATIVE", "1") == "0":
+            _reason = "turned off by ENCODERKIT_NATIVE=0"
+            return None
+        compiler = _compiler()
+        if compiler is None:
+            _reason = "no C++ compiler (g++) found; install one (apt-get install g++) for faster single texts"
+            return None
+        try:
+            path = _build(compiler)
+            lib = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            _reason = f"the build failed: {error}"
+            log.warning("encoderkit's native layers are off (%s); the PyTorch layers run instead", _reason)
+            return None
+        pointer, integer = ctypes.c_void_p, ctypes.c_int
+        lib.ek_pack.argtypes = [pointer, pointer, integer, integer]
+        lib.ek_pack.restype = None
+        lib.ek_encode.argtypes = [pointer, pointer, integer, integer, integer, integer, integer, pointer, pointer,
+                                  integer, integer, ctypes.c_float, ctypes.c_float, integer]
+        lib.ek_encode.restype = integer
+        lib.ek_vector_width.restype = integer
+        _library = lib
+        return lib
+
+
+def status() -> str:
+    """Whether the native layers are available here, and if not, why."""
+    lib = library()
+    return f"available ({lib.ek_vector_width() * 32}-bit vectors)" if lib is not None else f"off: {_reason}"
+
+
+def eligible(encoder: nn.Module) -> str | None:
+    """None where ``encoder``'s layers can run natively, else the reason they cannot."""
+    config = encoder.config
+    if config.is_pre_norm or encoder.final_norm is not None:
+        return "pre-norm layers (ModernBERT)"
+    if encoder.rotary is not None or encoder.relative is not None or config.pos_att_type:
+        return "rotary or relative positions"
+    if encoder.conv is not None:
+        return "a convolution beside the first layer"
+    for layer in encoder.layers:
+        if layer.glu or layer.activation.name not in ACTIVATIONS:
+            return f"the activation {layer.activation.name}{' (GLU)' if layer.glu else ''}"
+        if layer.attention.window_half is not None:
+            return "sliding-window attention"
+        if not isinstance(layer.attention_norm, nn.LayerNorm):
+            return "a layer without its attention norm"
+    return None
+
+
+class _Embedding(ctypes.Structure):
+    """small_batch.cpp's ``Embedding``."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("ids", "positions", "types", "word", "position", "segment",
+                                                     "norm_weight", "norm_bias")] + \
+               [("words", ctypes.c_int64), ("places", ctypes.c_int64), ("segments", ctypes.c_int64),
+                ("eps", ctypes.c_float)]
+
+
+class NativeEncoder:
+    """An encoder's embeddings and layers laid out for ``small_batch.cpp``, rebuilt when a parameter changes (as
+    ``Prepacked``). Embeddings with a projection (ALBERT, ELECTRA's small sizes) run in PyTorch first."""
+
+    def __init__(self, encoder: nn.Module, lib: ctypes.CDLL) -> None:
+        self.encoder, self.lib = encoder, lib
+        self.width = lib.ek_vector_width()
+        self.versions: tuple[int, ...] | None = None
+        self.sources: list[torch.Tensor] = []
+        self.tensors: list[torch.Tensor] = []
+        self.pointers = None
+        config = encoder.config
+        self.hidden, self.heads = config.hidden_size, config.num_attention_heads
+        self.inter = config.intermediate_size
+        self.eps = float(config.layer_norm_eps)
+        self.scale = float(encoder.layers[0].attention.head_dim) ** -0.5
+        self.activation = ACTIVATIONS[encoder.layers[0].activation.name]
+        self.schedule = encoder.layer_schedule()
+        self.native_embeddings = encoder.embeddings.projection is None and config.embedding_dim == config.hidden_size
+        self.tables: dict[str, int | float | None] = {}
+
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
+        weight = weight.detach().float().contiguous()
+        rows, cols = weight.shape
+        padded = -(-rows // self.width) * self.width
+        packed = torch.empty(padded * cols, dtype=torch.float32)
+        self.lib.ek_pack(weight.data_ptr(), packed.data_ptr(), rows, cols)
+        return packed
+
+    def _vector(self, value: torch.Tensor | None, size: int, fill: float = 0.0) -> torch.Tensor:
+        padded = -(-size // self.width) * self.width
+        out = torch.full((padded,), fill, dtype=torch.float32)
+        if value is not None:
+            out[:size] = value.detach().float()
+        return out
+
+    def _refresh(self) -> None:
+        if self.versions is not None and self.versions == tuple(t._version for t in self.sources):
+            return
+        encoder = self.encoder
+        self.sources = list(encoder.layers.parameters()) + list(encoder.embeddings.parameters())
+        versions = tuple(t._version for t in self.sources)
+        per_layer = []
+        h, inter = self.hidden, self.inter
+        with torch.no_grad():
+            for layer in encoder.layers:
+                attention = layer.attention
+                if hasattr(attention, "qkv"):
+                    qkv_weight, qkv_bias = attention.qkv.weight, attention.qkv.bias
+                else:
+                    qkv_weight = torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
+                    qkv_bias = None if attention.query.bias is None else \
+                        torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
+                per_layer.append([
+                    self._pack(qkv_weight), self._vector(qkv_bias, 3 * h),
+                    self._pack(attention.output.weight), self._vector(attention.output.bias, h),
+                    self._vector(layer.attention_norm.weight, h, 1.0), self._vector(layer.attention_norm.bias, h),
+                    self._pack(layer.ffn_in.weight), self._vector(layer.ffn_in.bias, inter),
+                    self._pack(layer.ffn_out.weight), self._vector(layer.ffn_out.bias, h),
+                    self._vector(layer.ffn_norm.weight, h, 1.0), self._vector(layer.ffn_norm.bias, h)])
+            tables = []
+            if self.native_embeddings:
+                embeddings = encoder.embeddings
+                tables = [embeddings.word.weight.detach().float().contiguous(),
+                          None if embeddings.position is None else embeddings.position.weight.detach().float().contiguous(),
+                          None if embeddings.token_type is None else
+                          embeddings.token_type.weight.detach().float().contiguous(),
+                          self._vector(embeddings.norm.weight, h, 1.0), self._vector(embeddings.norm.bias, h)]
+                pointers = [None if t is None else t.data_ptr() for t in tables]
+                self.tables = dict(zip(("word", "position", "segment", "norm_weight", "norm_bias"), pointers),
+                                   words=tables[0].shape[0], places=0 if tables[1] is None else tables[1].shape[0],
+                                   segments=0 if tables[2] is None else tables[2].shape[0],
+                                   eps=float(embeddings.norm.eps))
+        self.tensors = [t for tensors in per_layer for t in tensors] + [t for t in tables if t is not None]
+        ordered = [per_layer[index] for index in self.schedule]
+        self.pointers = (ctypes.c_void_p * (12 * len(ordered)))(*[t.data_ptr() for ts in ordered for t in ts])
+        self.versions = versions
+
+    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                 position_ids: torch.Tensor | None, starts: torch.Tensor) -> torch.Tensor | None:
+        """(tokens,) ids laid out from ``starts`` ((sequences + 1,) first rows) -> the last layer's (tokens, hidden)
+        states; None where an id lies outside its table (the PyTorch path then says which)."""
+        self._refresh()
+        tokens = input_ids.shape[0]
+        keep = []  # the int64 tensors the kernel reads, alive until it returns
+        if self.native_embeddings:
+            x = torch.empty(tokens, self.hidden, dtype=torch.float32)
+            e = _Embedding(**self.tables)  # one per call: calls from several threads share the plan
+            for field, ids in (("ids", input_ids), ("positions", position_ids), ("types", token_type_ids)):
+                if ids is not None:
+                    ids = ids.to(torch.int64).contiguous()
+                    keep.append(ids)
+                setattr(e, field, None if ids is None else ids.data_ptr())
+            embedding = ctypes.byref(e)
+        else:
+            x = self.encoder.embeddings(input_ids, token_type_ids, position_ids).float().contiguous()
+            embedding = None
+        starts = starts.to(torch.int64).contiguous()
+        code = self.lib.ek_encode(x.data_ptr(), embedding, tokens, self.hidden, self.heads, self.inter,
+                                  len(self.schedule), self.pointers, starts.data_ptr(), starts.shape[0] - 1,
+                                  self.activation, self.eps, self.scale, torch.get_num_threads())
+        return x if code == 0 else None
+
+
+def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                   position_ids: torch.Tensor | None, packing) -> torch.Tensor | None:
+    """The last layer's states of the (tokens,) ids laid out by ``packing``, from the native kernel, or None where
+    it does not apply (see the module doc): then the caller runs the PyTorch forward."""
+    tokens = input_ids.shape[0]
+    if tokens > MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" or encoder.training \
+            or torch.is_grad_enabled() or getattr(encoder, "inference_dtype", None) != torch.float32 \
+            or getattr(encoder, "traceable", False) or not packing.in_row_order \
+            or any(group.key_mask is not None or group.bias is not None for group in packing.groups):
+        return None
+    plan = encoder.__dict__.get("_native")
+    if plan is None:
+        if encoder.__dict__.get("_native_checked"):
+            return None
+        encoder.__dict__["_native_checked"] = True
+        lib = library()
+        if lib is None or eligible(encoder) is not None or _has_int8(encoder) \
+                or next(encoder.parameters()).dtype != torch.float32:
+            return None
+        plan = encoder.__dict__["_native"] = NativeEncoder(encoder, lib)
+    return plan(input_ids, token_type_ids, position_ids, packing.cu_seqlens)
+
+
+def _has_int8(encoder: nn.Module) -> bool:
+    from ..modeling.inference import int8_layers
+
+    return bool(int8_layers(encoder))
+
+
+def disable(model: nn.Module) -> None:
+    """Run the PyTorch layers of ``model`` (an encoder, or a task model with one) from now on, never the native
+    kernel (a comparison, a test). ``for_inference`` turns it back on."""
+    encoder = getattr(model, "encoder", model)
+    encoder.__dict__.pop("_native", None)
+    encoder.__dict__["_native_checked"] = True
+
+
+def reset(encoder: nn.Module) -> None:
+    """Forget ``encoder``'s native plan (``for_inference`` calls it when it re-packs with other settings)."""
+    encoder.__dict__.pop("_native", None)
+    encoder.__dict__.pop("_native_checked", None)
+
+
+__all__ = ["MAX_TOKENS", "disable", "eligible", "library", "native_forward", "reset", "status"]
