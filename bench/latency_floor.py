@@ -13,10 +13,10 @@ to a normalised mean-pooled vector, on the same 5 short texts as peers.py (all-M
 - ``PyTorch floor``: the least PyTorch can do for this model: a hand-written loop over the same pre-packed MKL
   weights (the fused query/key/value product, SDPA, the output product plus residual, LayerNorm, the first FFN
   product with GELU in place, the second plus residual, LayerNorm), no modules, no packing, no checks. No
-  product of encoderkit's could take fewer ops than this, so it bounds what removing encoderkit's own overhead
-  can buy;
-- the 24 matrix products alone, at one text's shape (rows = the text's tokens), on MKL's packed GEMM
-  (encoderkit's kernel for few rows) against the same 24 MatMul+Add in an ONNX Runtime graph.
+  PyTorch forward of this model takes fewer ops: it bounds what removing overhead around PyTorch's ops can buy,
+  and the native kernel is what it takes to go below it;
+- the 24 matrix products alone, at one text's shape (rows = the text's tokens), on MKL's packed GEMM (the
+  PyTorch layers' kernel for few rows) against the same 24 MatMul+Add in an ONNX Runtime graph.
 
     flock -x /tmp/bench.lock python bench/latency_floor.py [--calls 300]
 
@@ -186,7 +186,7 @@ def main() -> None:
                    for name, run in contenders.items()}
     rows = int(np.median([len(x) for x in ids]))
     mkl, onnx_products = products_only(floor, rows)
-    contenders.update({f"24 products, {rows} rows: MKL packed (encoderkit's)": mkl,
+    contenders.update({f"24 products, {rows} rows: MKL packed (the PyTorch layers')": mkl,
                        f"24 products, {rows} rows: ONNX Runtime MatMul+Add": onnx_products})
     seconds = p50_interleaved(contenders, len(texts), args.calls)
     table = []
