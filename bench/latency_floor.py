@@ -141,7 +141,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
-    from encoderkit import Embedder, default_model_path
+    from encoderkit import Embedder, default_model_path, native
+    from encoderkit.modeling.packing import Packing
 
     model_dir = default_model_path()
     embedder = Embedder.from_pretrained(model_dir, dtype="fp32")
@@ -150,13 +151,10 @@ def main() -> None:
     ids = embedder.tokenizer.encode_ids(texts, max_length=MAX_LENGTH)[0]
     session = ort_session(optimize_onnx(export_onnx(model_dir), gelu_approximation=True))
     floor = Floor(embedder.engine.encoder)
-    from encoderkit import native
-    from encoderkit.modeling.packing import Packing
-
     torch_layers = Embedder.from_pretrained(model_dir, dtype="fp32")
     native.disable(torch_layers.engine.encoder)
     embedder.encode_tokens([ids[0]], None)
-    kernel = embedder.engine.encoder.__dict__.get("_native")
+    kernel = native.kernel_of(embedder.engine.encoder)
     if kernel is None:
         raise SystemExit(f"encoderkit's native kernel did not run: {native.status()}")
     packed = [(torch.tensor(x), Packing.from_lengths([len(x)], overhead=0)) for x in ids]

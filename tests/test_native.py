@@ -87,7 +87,7 @@ def test_native_states_equal_transformers(family, tmp_path):
     for batch in ([0], [0, 1, 2, 3]):
         got = engine_states(engine, [ids[i] for i in batch], None if types is None else [types[i] for i in batch])
         assert_states([expected[i] for i in batch], got, f"{family}, {len(batch)} sequence(s)")
-    plan = model.__dict__.get("_native")
+    plan = native.kernel_of(model)
     assert plan is not None, "the native kernel did not run"
     assert plan.native_embeddings == (family in ("bert", "roberta", "distilbert"))
 
@@ -104,7 +104,7 @@ def test_native_activations_and_sizes(overrides, tmp_path):
     engine = engine_for(model, "fp32")
     ids, types = sequences(config, [17, 5, 3], seed=4)
     assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), str(overrides))
-    assert model.__dict__.get("_native") is not None
+    assert native.kernel_of(model) is not None
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -141,11 +141,11 @@ def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
     engine = engine_for(model, "fp32")
     ids, types = sequences(config, [native.MAX_TOKENS + 10])
     assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), "long")
-    assert model.__dict__.get("_native") is None  # never asked for: no batch was small enough
+    assert native.kernel_of(model) is None  # never asked for: no batch was small enough
 
     bad = [[5, VOCAB + 3, 7]]
     engine_states(engine, [[5, 6, 7]], None)  # the kernel is built and used
-    assert model.__dict__.get("_native") is not None
+    assert native.kernel_of(model) is not None
     with pytest.raises(IndexError) as native_error:
         engine_states(engine, bad, None)
     with torch.inference_mode():
@@ -155,7 +155,7 @@ def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
 
     int8_model = load_model(tmp_path)
     engine_states(engine_for(int8_model, "int8"), [[5, 6, 7]], None)
-    assert int8_model.__dict__.get("_native") is None
+    assert native.kernel_of(int8_model) is None
 
 
 def test_modern_families_are_not_eligible():

@@ -75,18 +75,11 @@ class Engine:
         return out
 
     def _pooled_one(self, ids: Sequence[int], types: Sequence[int] | None, pooling: str) -> torch.Tensor:
-        """``pooled`` of one sequence: the steps of ``_batches`` for a batch of one, without its planning."""
-        if not len(ids):
-            raise ValueError("every sequence needs at least one token")
-        if self.encoder.config.type_vocab_size < 2:
-            types = None
-        device = _device_of(self.encoder)
-        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
-            packing = Packing.from_lengths([len(ids)], overhead=0, device=device, mask_dtype=self.precision.dtype)
-            hidden = self.encoder.forward_packed(torch.as_tensor(ids, dtype=torch.int64, device=device), packing,
-                                                 None if types is None else
-                                                 torch.as_tensor(types, dtype=torch.int64, device=device))
+        """``pooled`` of one sequence: its one batch, without the output rows, lanes or progress around it."""
+        lengths, batches = self._plan([ids], None)
+        for _, hidden, packing in self._batches([ids], None if types is None else [types], lengths, batches):
             return pool_packed(hidden, packing, pooling).to(device="cpu", dtype=torch.float32)
+        raise AssertionError("one sequence makes one batch")
 
     def in_lanes(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, lanes: int,
                  consume: Callable[[np.ndarray, torch.Tensor, Packing], None], *,
@@ -179,9 +172,8 @@ _LANES = threading.Lock()  # one lane job at a time changes torch's thread count
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    for parameter in model.parameters():
-        return parameter.device
-    return torch.device("cpu")
+    parameter = next(model.parameters(), None)
+    return torch.device("cpu") if parameter is None else parameter.device
 
 
 def _flatten(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:

@@ -164,7 +164,7 @@ class NativeEncoder:
         self.scale = float(encoder.layers[0].attention.head_dim) ** -0.5
         self.activation = ACTIVATIONS[encoder.layers[0].activation.name]
         self.schedule = encoder.layer_schedule()
-        self.native_embeddings = encoder.embeddings.projection is None and config.embedding_dim == config.hidden_size
+        self.native_embeddings = encoder.embeddings.projection is None  # else not of the hidden size
         self.tables: dict[str, int | float | None] = {}
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -241,7 +241,7 @@ class NativeEncoder:
                 setattr(e, field, None if ids is None else ids.data_ptr())
             embedding = ctypes.byref(e)
         else:
-            x = self.encoder.embeddings(input_ids, token_type_ids, position_ids).float().contiguous()
+            x = self.encoder.embeddings(input_ids, token_type_ids, position_ids).contiguous()
             embedding = None
         starts = starts.to(torch.int64).contiguous()
         code = self.lib.ek_encode(x.data_ptr(), embedding, tokens, self.hidden, self.heads, self.inter,
@@ -279,6 +279,12 @@ def _has_int8(encoder: nn.Module) -> bool:
     return bool(int8_layers(encoder))
 
 
+def kernel_of(model: nn.Module) -> NativeEncoder | None:
+    """The native kernel's plan for ``model`` (an encoder, or a task model with one): made at its first batch that
+    took the kernel; None before that, or where the kernel does not apply."""
+    return getattr(model, "encoder", model).__dict__.get("_native")
+
+
 def disable(model: nn.Module) -> None:
     """Run the PyTorch layers of ``model`` (an encoder, or a task model with one) from now on, never the native
     kernel (a comparison, a test). ``for_inference`` turns it back on."""
@@ -293,4 +299,5 @@ def reset(encoder: nn.Module) -> None:
     encoder.__dict__.pop("_native_checked", None)
 
 
-__all__ = ["MAX_TOKENS", "disable", "eligible", "library", "native_forward", "reset", "status"]
+__all__ = ["MAX_TOKENS", "NativeEncoder", "disable", "eligible", "kernel_of", "library", "native_forward", "reset",
+           "status"]

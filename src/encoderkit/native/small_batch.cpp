@@ -80,11 +80,8 @@ static inline vf activate(vf v, int activation) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// Threads: OpenMP, in the libgomp torch has loaded (the same SONAME), so that the caller's thread drives the same
-// team as its torch ops: no second set of threads competes with torch's for the cores.
-// ---------------------------------------------------------------------------------------------------------------
 namespace {
+// [begin, end) of part ``part`` of ``parts`` equal shares of n.
 inline void split(int n, int part, int parts, int* begin, int* end) {
   *begin = (int)((int64_t)n * part / parts);
   *end = (int)((int64_t)n * (part + 1) / parts);
@@ -162,8 +159,7 @@ constexpr int ROWS1 = 12, ROWS2 = 8;
 const std::array<BlockFn, ROWS1> ONE_PANEL = blocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
 const std::array<BlockFn, ROWS2> TWO_PANELS = blocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
 
-void product_part(void* ctx, int part, int parts) {
-  const Product& g = *(const Product*)ctx;
+void product_part(const Product& g, int part, int parts) {
   int panels = (g.N + VW - 1) / VW, pairs = panels / 2, begin, end;
   split(pairs, part, parts, &begin, &end);  // pairs of panels; the odd one last goes to the last part
   for (int p = 2 * begin; p < 2 * end; p += 2)
@@ -185,8 +181,7 @@ struct Attention {
 
 // Scores of one query against all keys a vector of keys at a time, from the keys transposed (dim, keys); the
 // probabilities times the values a vector of dimensions at a time.
-void attention_part(void* ctx, int part, int parts) {
-  const Attention& a = *(const Attention*)ctx;
+void attention_part(const Attention& a, int part, int parts) {
   int begin, end;
   split(a.sequences * a.heads, part, parts, &begin, &end);
   const int width = (a.longest + VW - 1) / VW * VW;
@@ -332,36 +327,36 @@ int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inte
   int longest = 0;
   for (int s = 0; s < sequences; s++) longest = std::max(longest, (int)(starts[s + 1] - starts[s]));
   threads = std::max(1, std::min(threads, (H + VW - 1) / VW / 2));  // at least a pair of panels each
+  const Attention attention{qkv, context, starts, sequences, heads, dim, H, longest, scale};
+  // OpenMP, in the libgomp torch has loaded (the same SONAME): the caller's thread drives the same team as its torch
+  // ops, so no second set of threads competes with torch's for the cores.
 #pragma omp parallel num_threads(threads)
   {
     const int part = omp_get_thread_num(), parts = omp_get_num_threads();
     int first, last;
     split(T, part, parts, &first, &last);  // this thread's rows, for the embeddings and the norms
+    auto multiply = [&](const Product& g) {  // this thread's panels of a product, then wait for the others'
+      product_part(g, part, parts);
+#pragma omp barrier
+    };
+    auto normalize = [&](float* rows, const float* weight, const float* bias) {  // this thread's rows, then wait
+      layer_norm(rows + (size_t)first * H, last - first, H, weight, bias, eps);
+#pragma omp barrier
+    };
     if (e != nullptr) {
       embed_rows(*e, x, H, first, last);
 #pragma omp barrier
     }
     for (int l = 0; l < layers; l++) {
       const float* const* w = weights + 12 * l;
-      Product projection{x, w[0], w[1], nullptr, qkv, T, 3 * H, H, BIAS, 0};
-      product_part(&projection, part, parts);
+      multiply({x, w[0], w[1], nullptr, qkv, T, 3 * H, H, BIAS, 0});
+      attention_part(attention, part, parts);
 #pragma omp barrier
-      Attention a{qkv, context, starts, sequences, heads, dim, H, longest, scale};
-      attention_part(&a, part, parts);
-#pragma omp barrier
-      Product output{context, w[2], w[3], x, hidden, T, H, H, BIAS_RESIDUAL, 0};
-      product_part(&output, part, parts);
-#pragma omp barrier
-      layer_norm(hidden + (size_t)first * H, last - first, H, w[4], w[5], eps);
-#pragma omp barrier
-      Product up{hidden, w[6], w[7], nullptr, inner, T, inter, H, BIAS_ACTIVATION, activation};
-      product_part(&up, part, parts);
-#pragma omp barrier
-      Product down{inner, w[8], w[9], hidden, x, T, H, inter, BIAS_RESIDUAL, 0};
-      product_part(&down, part, parts);
-#pragma omp barrier
-      layer_norm(x + (size_t)first * H, last - first, H, w[10], w[11], eps);
-#pragma omp barrier
+      multiply({context, w[2], w[3], x, hidden, T, H, H, BIAS_RESIDUAL, 0});
+      normalize(hidden, w[4], w[5]);
+      multiply({hidden, w[6], w[7], nullptr, inner, T, inter, H, BIAS_ACTIVATION, activation});
+      multiply({inner, w[8], w[9], hidden, x, T, H, inter, BIAS_RESIDUAL, 0});
+      normalize(x, w[10], w[11]);
     }
   }
   return 0;
