@@ -16,24 +16,32 @@ to a normalised mean-pooled vector, on the same 5 short texts as peers.py (all-M
   PyTorch forward of this model takes fewer ops: it bounds what removing overhead around PyTorch's ops can buy,
   and the native kernel is what it takes to go below it;
 - the 24 matrix products alone, at one text's shape (rows = the text's tokens), on MKL's packed GEMM (the
-  PyTorch layers' kernel for few rows) against the same 24 MatMul+Add in an ONNX Runtime graph.
+  PyTorch layers' kernel for few rows) against the same 24 MatMul+Add in an ONNX Runtime graph;
+- int8: ``ONNX Runtime int8 (dynamic)`` (peers.py's quantised graph) against ``encoderkit int8`` (the engine with
+  ``dtype="int8"``, calibrated and smoothed by its accuracy guard; the native kernel runs its int8 products where
+  the CPU has AVX512-VNNI or AVX-VNNI) and the same with the native kernel off (PyTorch's int8 kernels).
 
-    flock -x /tmp/bench.lock python bench/latency_floor.py [--calls 300]
+    flock -x /tmp/bench.lock python bench/latency_floor.py [--calls 300] [--threads 2] [--model DIR]
+        [--shared DIR] [--result latency_floor]
 
-Writes bench/results/latency_floor.json.
+``--model``/``--shared``: the model directory and the shared folder where the defaults are absent (a borrowed
+machine; fp16 weights are widened to fp32 first, ``common.widened``); ``--result``: the file under bench/results/,
+so that a run on another CPU does not replace this one's. Writes bench/results/latency_floor.json.
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import SHARED, require, write_result
-from peers import MAX_LENGTH, THREADS, export_onnx, optimize_onnx, ort_session, short_texts
+from common import SHARED, require, widened, write_result
+from peers import MAX_LENGTH, THREADS, export_onnx, optimize_onnx, ort_session, quantize_onnx, short_texts
 
 
 def p50_interleaved(contenders: dict[str, Callable[[int], Any]], inputs: int, calls: int, block: int = 10,
@@ -102,7 +110,7 @@ class Floor:
             return pooled / pooled.norm()
 
 
-def products_only(floor: Floor, rows: int) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
+def products_only(floor: Floor, rows: int, threads: int) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
     """The forward's 24 products at ``rows`` rows: MKL's packed GEMM, and ONNX Runtime's MatMul+Add."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -130,7 +138,7 @@ def products_only(floor: Floor, rows: int) -> tuple[Callable[[int], Any], Callab
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feed = {f"x{size}": x.numpy() for size, x in inputs.items()}
     return torch_products, lambda _: session.run(None, feed)
@@ -139,24 +147,36 @@ def products_only(floor: Floor, rows: int) -> tuple[Callable[[int], Any], Callab
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--model", type=Path, help="the all-MiniLM-L6-v2 directory (default: the installed model)")
+    parser.add_argument("--shared", type=Path, default=SHARED)
+    parser.add_argument("--result", default="latency_floor")
     args = parser.parse_args()
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     from encoderkit import Embedder, default_model_path, native
     from encoderkit.modeling.packing import Packing
 
-    model_dir = default_model_path()
+    work = tempfile.TemporaryDirectory()
+    model_dir = widened(args.model, Path(work.name)) if args.model else default_model_path()
     embedder = Embedder.from_pretrained(model_dir, dtype="fp32")
-    sentences = require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
+    sentences = require(args.shared / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
     texts = short_texts(sentences)
     ids = embedder.tokenizer.encode_ids(texts, max_length=MAX_LENGTH)[0]
-    session = ort_session(optimize_onnx(export_onnx(model_dir), gelu_approximation=True))
+    plain = export_onnx(model_dir)
+    session = ort_session(optimize_onnx(plain, gelu_approximation=True), threads=args.threads)
+    int8_session = ort_session(quantize_onnx(optimize_onnx(plain, gelu_approximation=False)), threads=args.threads)
     floor = Floor(embedder.engine.encoder)
     torch_layers = Embedder.from_pretrained(model_dir, dtype="fp32")
     native.disable(torch_layers.engine.encoder)
-    embedder.encode_tokens([ids[0]], None)
+    int8 = Embedder.from_pretrained(model_dir, dtype="int8")
+    int8_torch_layers = Embedder.from_pretrained(model_dir, dtype="int8")
+    native.disable(int8_torch_layers.engine.encoder)
+    for one in (embedder, int8):
+        one.encode_tokens([ids[0]], None)
     kernel = native.kernel_of(embedder.engine.encoder)
     if kernel is None:
         raise SystemExit(f"encoderkit's native kernel did not run: {native.status()}")
+    int8_native = native.kernel_of(int8.engine.encoder) is not None
     packed = [(torch.tensor(x), Packing.from_lengths([len(x)], overhead=0)) for x in ids]
 
     def kernel_alone(i: int) -> torch.Tensor:
@@ -165,25 +185,31 @@ def main() -> None:
             pooled = hidden.mean(0)
             return pooled / pooled.norm()
 
-    def ort_vector(i: int) -> np.ndarray:
-        row = np.array([ids[i]], dtype=np.int64)
-        hidden = session.run(None, {"input_ids": row, "attention_mask": np.ones_like(row),
-                                    "token_type_ids": np.zeros_like(row)})[0][0]
-        pooled = hidden.mean(0)
-        return pooled / np.linalg.norm(pooled)
+    def ort_vector(session) -> Callable[[int], np.ndarray]:
+        def run(i: int) -> np.ndarray:
+            row = np.array([ids[i]], dtype=np.int64)
+            hidden = session.run(None, {"input_ids": row, "attention_mask": np.ones_like(row),
+                                        "token_type_ids": np.zeros_like(row)})[0][0]
+            pooled = hidden.mean(0)
+            return pooled / np.linalg.norm(pooled)
+        return run
 
-    contenders = {"ONNX Runtime O3": ort_vector,
-                  "encoderkit (engine, one sequence)": lambda i: torch.nn.functional.normalize(
-                      embedder.encode_tokens([ids[i]], None), dim=1)[0],
+    def engine_vector(one) -> Callable[[int], torch.Tensor]:
+        return lambda i: torch.nn.functional.normalize(one.encode_tokens([ids[i]], None), dim=1)[0]
+
+    contenders = {"ONNX Runtime O3": ort_vector(session),
+                  "encoderkit (engine, one sequence)": engine_vector(embedder),
                   "native kernel alone (ids to states, one call)": kernel_alone,
-                  "encoderkit, PyTorch layers (native kernel off)": lambda i: torch.nn.functional.normalize(
-                      torch_layers.encode_tokens([ids[i]], None), dim=1)[0],
-                  "PyTorch floor (hand-written loop)": lambda i: floor(ids[i])}
+                  "encoderkit, PyTorch layers (native kernel off)": engine_vector(torch_layers),
+                  "PyTorch floor (hand-written loop)": lambda i: floor(ids[i]),
+                  "ONNX Runtime int8 (dynamic)": ort_vector(int8_session),
+                  "encoderkit int8 (engine, one sequence)": engine_vector(int8),
+                  "encoderkit int8, PyTorch layers (native kernel off)": engine_vector(int8_torch_layers)}
     reference = [embedder.encode(t) for t in texts]
     differences = {name: max(float(np.abs(np.asarray(run(i)) - reference[i]).max()) for i in range(len(texts)))
                    for name, run in contenders.items()}
     rows = int(np.median([len(x) for x in ids]))
-    mkl, onnx_products = products_only(floor, rows)
+    mkl, onnx_products = products_only(floor, rows, args.threads)
     contenders.update({f"24 products, {rows} rows: MKL packed (the PyTorch layers')": mkl,
                        f"24 products, {rows} rows: ONNX Runtime MatMul+Add": onnx_products})
     seconds = p50_interleaved(contenders, len(texts), args.calls)
@@ -193,8 +219,11 @@ def main() -> None:
         table.append({"contender": name, "calls": len(ms), "p50_ms": float(np.percentile(ms, 50)),
                       "p99_ms": float(np.percentile(ms, 99)), "max_abs_diff_vs_encoderkit": differences.get(name)})
         print(f"  {name:52s} p50 {table[-1]['p50_ms']:6.2f} ms  p99 {table[-1]['p99_ms']:6.2f} ms", flush=True)
-    write_result("latency_floor", {"texts": texts, "tokens": [len(x) for x in ids], "rows": table, "settle_s": 0.2,
-                                   "command": f"python bench/latency_floor.py --calls {args.calls}"})
+    command = f"python bench/latency_floor.py --calls {args.calls}" + (
+        f" --threads {args.threads}" if args.threads != THREADS else "")
+    write_result(args.result, {"texts": texts, "tokens": [len(x) for x in ids], "rows": table, "settle_s": 0.2,
+                               "threads": args.threads, "native": native.status(), "int8_native": int8_native,
+                               "command": command})
 
 
 def render(r: dict[str, Any]) -> list[str]:
@@ -203,22 +232,28 @@ def render(r: dict[str, Any]) -> list[str]:
     by_name = {row["contender"]: row for row in r["rows"]}
     ort_p50 = by_name["ONNX Runtime O3"]["p50_ms"]
     lines = ["## Single-text latency taken apart (`bench/latency_floor.py`)", "", _machine(r), "",
-             f"One process, 2 threads, interleaved in blocks of 10 (each after a {r.get('settle_s', 0)} s pause, so that "
-             "the previous runtime's spinning threads have gone to sleep), "
+             f"One process, {r.get('threads', 2)} threads, interleaved in blocks of 10 (each after a "
+             f"{r.get('settle_s', 0)} s pause, so that the previous runtime's spinning threads have gone to sleep), "
              f"{r['rows'][0]['calls']} calls each, from token ids "
              f"to a normalised mean-pooled vector; {len(r['texts'])} short texts of {min(r['tokens'])}-"
              f"{max(r['tokens'])} tokens (bench/peers.py's). encoderkit's engine runs the embeddings and every layer "
              "of one short text in one call of its native kernel (`encoderkit.native`, built with the machine's C++ "
              "compiler); the row with the kernel off is the same engine on its PyTorch layers. The PyTorch floor is a "
              "hand-written loop over MKL's pre-packed weights, with none of encoderkit's modules, packing or checks: "
-             "no PyTorch forward of this model takes fewer ops.", ""]
+             "no PyTorch forward of this model takes fewer ops. The int8 rows: encoderkit with `dtype=\"int8\"` "
+             "(its native kernel's int8 products where the CPU has VNNI; "
+             + ("it ran here" if r.get("int8_native", True) else "not here, for want of VNNI") + "), and the same with the kernel off, against ONNX Runtime's "
+             "dynamic int8 graph.", ""]
     ort_products = next(row["p50_ms"] for row in r["rows"] if row["contender"].endswith("ONNX Runtime MatMul+Add"))
+    ort_int8 = by_name.get("ONNX Runtime int8 (dynamic)", {}).get("p50_ms")
 
     def base(row: dict[str, Any]) -> float:
-        return ort_products if row["contender"].startswith("24 products") else ort_p50
+        if row["contender"].startswith("24 products"):
+            return ort_products
+        return ort_int8 if "int8" in row["contender"] else ort_p50
 
-    lines += _table(["contender", "p50 ms", "p99 ms", "p50 vs ONNX Runtime's (the whole model; the products: its "
-                     "products)", "max abs diff to encoderkit"],
+    lines += _table(["contender", "p50 ms", "p99 ms", "p50 vs ONNX Runtime's (the whole model, int8 rows its int8 one; "
+                     "the products: its products)", "max abs diff to encoderkit"],
                     [[row["contender"], f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}",
                       f"{row['p50_ms'] / base(row):.2f}x",
                       "" if row["max_abs_diff_vs_encoderkit"] is None else f"{row['max_abs_diff_vs_encoderkit']:.1e}"]

@@ -214,11 +214,11 @@ def convert_ct2(model_dir: Path) -> Path:
     return path
 
 
-def ort_session(path: Path, profile: bool = False):
+def ort_session(path: Path, profile: bool = False, threads: int = THREADS):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL  # the default, said explicitly

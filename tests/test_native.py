@@ -136,7 +136,7 @@ def test_native_follows_changed_weights(tmp_path):
 
 
 def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
-    """More tokens than MAX_TOKENS, int8, and a bad id: the PyTorch layers, with their results and errors."""
+    """More tokens than MAX_TOKENS, bf16, and a bad id: the PyTorch layers, with their results and errors."""
     config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=native.MAX_TOKENS + 20)
     engine = engine_for(model, "fp32")
     ids, types = sequences(config, [native.MAX_TOKENS + 10])
@@ -153,9 +153,9 @@ def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
             model.embeddings.word(torch.tensor(bad[0]))
     assert str(native_error.value) == str(torch_error.value)
 
-    int8_model = load_model(tmp_path)
-    engine_states(engine_for(int8_model, "int8"), [[5, 6, 7]], None)
-    assert native.kernel_of(int8_model) is None
+    bf16_model = load_model(tmp_path)
+    engine_states(engine_for(bf16_model, "bf16"), [[5, 6, 7]], None)
+    assert native.kernel_of(bf16_model) is None
 
 
 def test_modern_families_are_not_eligible():
@@ -181,3 +181,137 @@ def test_turned_off_by_the_environment():
                           env={**os.environ, "ENCODERKIT_NATIVE": "0"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "off: turned off by ENCODERKIT_NATIVE=0"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# int8 (AVX512-VNNI or AVX-VNNI)
+# ---------------------------------------------------------------------------------------------------------------
+needs_int8 = pytest.mark.skipif("not native.int8_available()", reason="the native int8 product needs AVX512-VNNI or "
+                                "AVX-VNNI, which this CPU lacks (int8 layers then run PyTorch's kernels)")
+
+
+def int8_by_formula(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias: np.ndarray,
+                    inverse: np.ndarray | None) -> np.ndarray:
+    """The int8 product written out from its definition, in numpy: rows (times the inverse smoothing, in fp32)
+    quantised to uint8 with one scale (range / 255, the range widened to include 0) and zero point for the
+    matrix, rounded half to even; exact integer dot products with the codes; then scaled, in float64."""
+    rows = x if inverse is None else (x * inverse).astype(np.float32)
+    low, high = min(float(rows.min()), 0.0), max(float(rows.max()), 0.0)
+    scale = max(high - low, 1e-12) / 255
+    zero = int(min(max(round(-low / scale), 0), 255))
+    quantised = np.clip(np.rint(rows * np.float32(1.0 / scale)) + zero, 0, 255).astype(np.int64)
+    sums = (quantised - zero) @ codes.astype(np.int64).T
+    return sums * scale * scales.astype(np.float64) + bias
+
+
+@needs_int8
+@pytest.mark.parametrize("rows", [1, 5, 17, 40])
+@pytest.mark.parametrize("smoothed", [False, True])
+def test_int8_product_equals_its_formula(rows, smoothed):
+    """One product: 37 inputs (not a multiple of 4), 70 outputs (a partial panel and an odd count of panels with
+    16 or 8 lanes), more rows than one block holds, skewed inputs as after GELU, with and without smoothing."""
+    generator = np.random.default_rng(rows)
+    x = (generator.standard_normal((rows, 37)) * 2 + 0.7).astype(np.float32)
+    codes = generator.integers(-127, 128, (70, 37)).astype(np.int8)
+    scales = generator.uniform(1e-3, 2e-2, 70).astype(np.float32)
+    bias = generator.standard_normal(70).astype(np.float32)
+    inverse = generator.uniform(0.25, 4.0, 37).astype(np.float32) if smoothed else None
+    got = native.int8_product(torch.from_numpy(x), torch.from_numpy(codes), torch.from_numpy(scales),
+                              torch.from_numpy(bias), None if inverse is None else torch.from_numpy(inverse)).numpy()
+    want = int8_by_formula(x, codes, scales, bias, inverse)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@needs_int8
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_native_int8_model(family, tmp_path, monkeypatch):
+    """A whole int8 model through the native kernel, after the int8 guard's calibration has smoothed its layers (it
+    runs the PyTorch layers, which observe the activations). Each product on the real activations of the PyTorch
+    int8 forward equals its formula; the native model's states are as near fp32 (transformers) as PyTorch's int8
+    kernels' are. Not closer to those than that: fp32 rounding in the layers before flips a rounding tie of an
+    activation now and then, a step of its int8 grid, as between PyTorch's own two int8 kernels."""
+    from encoderkit.engine import Engine
+    from encoderkit.modeling import inference
+    from encoderkit.precision import Precision
+
+    config, reference, model = reference_and_ours(family, tmp_path)
+    ids, types = sequences(config, [13, 9, 6, 1])
+    calibration = sequences(config, [30, 24, 17, 11, 8], seed=5)[0]
+    native_engine = Engine(model, Precision.resolve("int8", "task"), calibration=calibration)
+    assert all(layer.observed is not None for layer in inference.int8_layers(model)), \
+        "calibration did not run the PyTorch layers"
+    assert any(alpha is not None for alpha in native_engine.quantization.smoothing.values())
+    torch_model = load_model(tmp_path)
+    torch_engine = Engine(torch_model, Precision.resolve("int8", "task"), calibration=calibration)
+    native.disable(torch_model)
+
+    products = []
+    original = inference.Int8Prepacked.__call__
+
+    def spy(self, x):
+        inverse = None if self.inverse_smoothing is None else self.inverse_smoothing.numpy()
+        got = native.int8_product(x, self.quantized, self.scales, self.bias, self.inverse_smoothing).numpy()
+        want = int8_by_formula(x.numpy(), self.quantized.numpy(), self.scales.numpy(), self.bias.numpy(), inverse)
+        products.append(float(np.abs(got - want).max() / np.abs(want).max()))
+        return original(self, x)
+
+    monkeypatch.setattr(inference.Int8Prepacked, "__call__", spy)
+    expected = expected_states(reference, config, ids, types)
+    for batch in ([0], [0, 1, 2, 3]):
+        pick = (lambda values: None if values is None else [values[i] for i in batch])
+        got = engine_states(native_engine, pick(ids), pick(types))
+        want = engine_states(torch_engine, pick(ids), pick(types))
+        for i, (ours, theirs, exact) in enumerate(zip(got, want, pick(expected))):
+            ours_error, their_error = float((ours - exact).norm()), float((theirs - exact).norm())
+            assert ours_error <= 1.5 * their_error + 1e-5, f"{family}: sequence {i}: {ours_error} against {their_error}"
+            assert float(torch.nn.functional.cosine_similarity(ours, exact, dim=-1).min()) > 0.99
+    assert len(products) == 2 * 4 * len(model.layer_schedule()) and max(products) <= 1e-5
+    plan = native.kernel_of(model)
+    assert plan is not None and len(plan.int8) == 4 * len(model.layers)
+    assert native.kernel_of(torch_model) is None
+
+
+@needs_int8
+def test_native_int8_keeps_fp32_layers_and_follows_changes(tmp_path):
+    """Layers kept in fp32 (``fp32_layers``) run in fp32 beside the int8 ones; a weight changed in place is
+    quantised and packed again."""
+    from encoderkit.engine import Engine
+    from encoderkit.precision import Precision
+
+    config, reference, model = reference_and_ours("bert", tmp_path)
+    ids, types = sequences(config, [12, 5])
+    kept = ("layers.0.ffn_out", "layers.1.attention.qkv")
+    precision = Precision.quantized("task", fp32_layers=kept, smoothing=False)
+    engine = Engine(model, precision)
+    torch_model = load_model(tmp_path)
+    torch_engine = Engine(torch_model, precision)
+    native.disable(torch_model)
+
+    def compare(label: str) -> None:  # no smoothing, 17 rows: no rounding tie flips here (see above)
+        for a, b in zip(engine_states(engine, ids, types), engine_states(torch_engine, ids, types)):
+            assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), label
+
+    compare("fp32 layers kept")
+    plan = native.kernel_of(model)
+    assert sorted(f"layers.{index}.{'attention.' if name in ('qkv', 'output') else ''}{name}"
+                  for index, name in plan.int8) == sorted(
+        f"layers.{i}.{n}" for i in range(len(model.layers)) for n in ("attention.qkv", "attention.output", "ffn_in",
+                                                                       "ffn_out") if f"layers.{i}.{n}" not in kept)
+    with torch.no_grad():
+        for m in (model, torch_model):
+            m.layers[1].ffn_in.weight.mul_(-1.5)
+    compare("after the change")
+
+
+def test_int8_without_vnni_runs_the_pytorch_layers(tmp_path, monkeypatch):
+    """A CPU without 8-bit dot products (AVX2, early AVX-512): an int8 model runs PyTorch's int8 kernels, and
+    ``status`` says why; fp32 still takes the kernel."""
+    monkeypatch.setattr(native.library(), "ek_int8", lambda: 0)
+    assert not native.int8_available() and "int8 needs AVX512-VNNI or AVX-VNNI" in native.status()
+    config, reference, model = reference_and_ours("bert", tmp_path)
+    ids, types = sequences(config, [9])
+    int8_model = load_model(tmp_path)
+    engine_states(engine_for(int8_model, "int8"), ids, types)
+    assert native.kernel_of(int8_model) is None
+    engine_states(engine_for(model, "fp32"), ids, types)
+    assert native.kernel_of(model) is not None

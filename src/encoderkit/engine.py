@@ -9,6 +9,7 @@ indices of its sequences, so the caller restores input order.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
@@ -75,9 +76,12 @@ class Engine:
         return out
 
     def _pooled_one(self, ids: Sequence[int], types: Sequence[int] | None, pooling: str) -> torch.Tensor:
-        """``pooled`` of one sequence: its one batch, without the output rows, lanes or progress around it."""
-        lengths, batches = self._plan([ids], None)
-        for _, hidden, packing in self._batches([ids], None if types is None else [types], lengths, batches):
+        """``pooled`` of one sequence: its one batch (whatever its length: the token budget never splits a
+        sequence), without planning, output rows, lanes or progress around it."""
+        if not len(ids):
+            raise ValueError("every sequence needs at least one token")
+        lengths = np.array([len(ids)], dtype=np.int64)
+        for _, hidden, packing in self._batches([ids], None if types is None else [types], lengths, _ONE_BATCH):
             return pool_packed(hidden, packing, pooling).to(device="cpu", dtype=torch.float32)
         raise AssertionError("one sequence makes one batch")
 
@@ -145,7 +149,9 @@ class Engine:
         if self.encoder.config.type_vocab_size < 2:  # one segment embedding (or none), whatever the tokenizer says
             types = None
         device = _device_of(self.encoder)
-        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+        # an autocast region of the caller's would change the layers' dtypes: turned off (when on: entering costs)
+        with torch.inference_mode(), (torch.autocast("cpu", enabled=False) if torch.is_autocast_enabled("cpu")
+                                      else contextlib.nullcontext()):
             for indices in batches:
                 packing = Packing.from_lengths(lengths[indices], overhead=0, device=device,
                                                mask_dtype=self.precision.dtype)
@@ -171,7 +177,13 @@ def owns_process() -> bool:
 _LANES = threading.Lock()  # one lane job at a time changes torch's thread count
 
 
+_ONE_BATCH = [np.zeros(1, dtype=np.int64)]
+
+
 def _device_of(model: nn.Module) -> torch.device:
+    word = getattr(getattr(model, "embeddings", None), "word", None)
+    if isinstance(word, nn.Embedding):  # an encoder: no walk over its modules (a served text asks every time)
+        return word.weight.device
     parameter = next(model.parameters(), None)
     return torch.device("cpu") if parameter is None else parameter.device
 

@@ -297,6 +297,8 @@ def pool_padded(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode:
 def pool_packed(hidden: torch.Tensor, packing: Packing, mode: str) -> torch.Tensor:
     """Pool packed token states per sequence: mean / cls / max / weightedmean / mean_sqrt_len."""
     size = (packing.num_sequences, hidden.shape[1])
+    if mode == "mean" and size[0] == 1 and hidden.shape[0] > 0:  # one sequence (a served text): its rows' mean
+        return hidden.mean(dim=0, keepdim=True)
     if mode == "cls":
         return packing.first_tokens(hidden)
     lengths = packing.lengths.to(hidden.dtype)

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <utility>
 #include <vector>
+#include <immintrin.h>
 #include <omp.h>
 
 #ifdef __AVX512F__
@@ -28,6 +29,22 @@
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef int32_t viu __attribute__((vector_size(VW * 4), aligned(1)));
+
+// int8 products: uint8 activations times int8 weights, four pairs summed into each 32-bit lane exactly
+// (vpdpbusd: AVX512-VNNI, or AVX-VNNI on 256-bit vectors). Without these instructions the int8 layers run PyTorch's
+// kernels instead (ek_int8() says which).
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define EK_INT8 1
+static inline vi dpbusd(vi acc, vi a, vi b) { return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b); }
+#elif !defined(__AVX512F__) && defined(__AVXVNNI__)
+#define EK_INT8 1
+static inline vi dpbusd(vi acc, vi a, vi b) {
+  return (vi)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)a, (__m256i)b);
+}
+#else
+#define EK_INT8 0
+#endif
 
 static inline vf splat(float a) { return vf{} + a; }
 static inline vf loadu(const float* p) { return *(const vfu*)p; }
@@ -92,20 +109,58 @@ inline void split(int n, int part, int parts, int* begin, int* end) {
 // ---------------------------------------------------------------------------------------------------------------
 enum Epilogue { BIAS = 0, BIAS_ACTIVATION = 1, BIAS_RESIDUAL = 2 };
 
+// One linear layer as the caller lays it out: fp32 panels, or int8 ones where ``scale`` is set.
+struct Linear {
+  const void* weight;     // fp32: panels of (K, VW) floats; int8: panels of (K4, VW, 4) codes (K4: K rounded up to 4)
+  const float* bias;      // (panels * VW,), zero past N
+  const float* scale;     // int8: each output channel's weight scale (panels * VW,); null for fp32
+  const int32_t* sums;    // int8: each output channel's sum of weight codes (panels * VW,)
+  const float* inverse;   // int8: 1 / the SmoothQuant factor of each input channel (K,), or null
+};
+
 struct Product {
   const float* x;         // (M, K) rows
-  const float* packed;    // panels of (K, VW)
-  const float* bias;      // (panels * VW,), zero past N
+  const float* packed;    // fp32 panels, or null
+  const int8_t* qpacked;  // int8 panels, or null
+  const float* bias;
   const float* residual;  // (M, N) or null
   float* y;               // (M, N)
   int M, N, K, epilogue, activation;
+  // int8: the rows quantised (``quantize``), and the weights' scales and code sums
+  const uint8_t* codes;   // (M, K4)
+  const float* wscale;
+  const int32_t* sums;
+  float xscale;
+  int zero, K4;
 };
+
+// The activation or the residual applied to a row's VW columns from ``col``, and the store.
+inline void finish(const Product& g, int row, int col, vf v) {
+  const int width = std::min(VW, g.N - col);
+  float* out = g.y + (size_t)row * g.N + col;
+  if (g.epilogue == BIAS_ACTIVATION) v = activate(v, g.activation);
+  if (width == VW) {
+    if (g.epilogue == BIAS_RESIDUAL) v += loadu(g.residual + (size_t)row * g.N + col);
+    storeu(out, v);
+  } else {
+    float lanes[VW];
+    std::memcpy(lanes, &v, sizeof lanes);
+    for (int j = 0; j < width; j++)
+      out[j] = lanes[j] + (g.epilogue == BIAS_RESIDUAL ? g.residual[(size_t)row * g.N + col + j] : 0.0f);
+  }
+}
 
 // R rows times P panels (adjacent), all in registers. Two panels at once keep two weight streams in flight: on
 // the Cascade Lake Xeon, all-MiniLM-L6-v2's 24 products at 14 rows took 3.21 ms with two, 4.16 ms with one panel
 // at a time, 3.54 and 3.39 ms with three and four panels of 7 rows (ONNX Runtime's MatMul+Add: 3.82 ms), 2 threads.
 // Built for AVX2 on that CPU: two panels of 8 rows 4.40 ms, of 7 rows 4.55, of 6 rows 5.00, one panel of 12 rows
 // 5.42 (the same run).
+// Each weight stream is prefetched AHEAD bytes per lane ahead (2 KB with 16 lanes): all-MiniLM-L6-v2, one text of
+// 12 tokens through the engine (Cascade Lake, 2 threads, interleaved): fp32 4.11 against 4.61 ms without, int8 2.26
+// against 2.48 ms; 512 bytes and 1 KB ahead were within the noise of 2 KB. (A non-temporal prefetch was slower:
+// 6.6 and 2.9 ms; the weights that stay in the last-level cache between calls are worth keeping there.)
+constexpr int AHEAD = 128;
+
 template <int R, int P>
 inline void block(const Product& g, int m0, int panel) {
   const float* w = g.packed + (size_t)panel * g.K * VW;
@@ -118,37 +173,65 @@ inline void block(const Product& g, int m0, int panel) {
   }
   for (int k = 0; k < K; k++) {
     vf wk[P];
-    for (int q = 0; q < P; q++) wk[q] = loadu(w + ((size_t)q * K + k) * VW);
+    for (int q = 0; q < P; q++) {
+      wk[q] = loadu(w + ((size_t)q * K + k) * VW);
+      __builtin_prefetch(w + ((size_t)q * K + k + AHEAD / 4) * VW);
+    }
 #pragma GCC unroll 32
     for (int r = 0; r < R; r++) {
       const float xr = x[(size_t)r * K + k];
       for (int q = 0; q < P; q++) acc[q][r] += xr * wk[q];
     }
   }
-  for (int q = 0; q < P; q++) {
-    const int col = (panel + q) * VW, width = std::min(VW, g.N - col);
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q][r]);
+}
+
+#if EK_INT8
+// The int8 block: four k at a time, the row's four codes broadcast against each column's four weight codes, summed
+// exactly in 32 bits; then y = (sum - zero * column code sum) * row scale * column scale + bias, in fp32.
+template <int R, int P>
+inline void qblock(const Product& g, int m0, int panel) {
+  const int8_t* w = g.qpacked + (size_t)panel * g.K4 * VW;
+  const uint8_t* x = g.codes + (size_t)m0 * g.K4;
+  const int K4 = g.K4;
+  vi acc[P][R];
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) acc[q][r] = vi{};
+  for (int k = 0; k < K4; k += 4) {
+    vi wk[P];
+    for (int q = 0; q < P; q++) {
+      wk[q] = *(const viu*)(w + ((size_t)q * K4 + k) * VW);
+      __builtin_prefetch(w + ((size_t)q * K4 + k + AHEAD) * VW);
+    }
+#pragma GCC unroll 32
     for (int r = 0; r < R; r++) {
-      float* out = g.y + (size_t)(m0 + r) * g.N + col;
-      vf v = acc[q][r];
-      if (g.epilogue == BIAS_ACTIVATION) v = activate(v, g.activation);
-      if (width == VW) {
-        if (g.epilogue == BIAS_RESIDUAL) v += loadu(g.residual + (size_t)(m0 + r) * g.N + col);
-        storeu(out, v);
-      } else {
-        float lanes[VW];
-        std::memcpy(lanes, &v, sizeof lanes);
-        for (int j = 0; j < width; j++)
-          out[j] = lanes[j] + (g.epilogue == BIAS_RESIDUAL ? g.residual[(size_t)(m0 + r) * g.N + col + j] : 0.0f);
-      }
+      int32_t four;
+      std::memcpy(&four, x + (size_t)r * K4 + k, 4);
+      const vi xr = vi{} + four;
+      for (int q = 0; q < P; q++) acc[q][r] = dpbusd(acc[q][r], xr, wk[q]);
     }
   }
+  for (int q = 0; q < P; q++) {
+    const int col = (panel + q) * VW;
+    const vf scale = loadu(g.wscale + col) * g.xscale, bias = loadu(g.bias + col);
+    const vi offset = *(const viu*)(g.sums + col) * g.zero;
+    for (int r = 0; r < R; r++) finish(g, m0 + r, col, __builtin_convertvector(acc[q][r] - offset, vf) * scale + bias);
+  }
 }
+#endif
 
 typedef void (*BlockFn)(const Product&, int, int);
 template <int P, int... I>
 constexpr std::array<BlockFn, sizeof...(I)> blocks_of(std::integer_sequence<int, I...>) {
   return {block<I + 1, P>...};
 }
+#if EK_INT8
+template <int P, int... I>
+constexpr std::array<BlockFn, sizeof...(I)> qblocks_of(std::integer_sequence<int, I...>) {
+  return {qblock<I + 1, P>...};
+}
+#endif
 // Rows per block: what the registers hold (32 vector registers with AVX-512, 16 with AVX2), a few kept for the
 // weights and the broadcast row value.
 #ifdef __AVX512F__
@@ -158,14 +241,101 @@ constexpr int ROWS1 = 12, ROWS2 = 8;
 #endif
 const std::array<BlockFn, ROWS1> ONE_PANEL = blocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
 const std::array<BlockFn, ROWS2> TWO_PANELS = blocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
+// int8 blocks: two panels of ROWS2 rows as well. all-MiniLM-L6-v2's int8 layers on one text (Cascade Lake, 2 threads,
+// interleaved), 12 and 20 tokens: two panels of 14 rows 1.71 and 2.71 ms, three of 8 rows 1.73 and 2.65, four of 6 or
+// 7 rows 1.75-1.78 and 2.64-2.65, one panel of 24 rows 1.94 and 3.03.
+constexpr int QP = 2, QROWS = ROWS2;
+#if EK_INT8
+const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = qblocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
+const std::array<BlockFn, QROWS> PANELS_INT8 = qblocks_of<QP>(std::make_integer_sequence<int, QROWS>{});
+#else
+const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = ONE_PANEL;
+const std::array<BlockFn, QROWS> PANELS_INT8 = {};
+#endif
+
+template <size_t N1, size_t NP>
+void panels_part(const Product& g, int part, int parts, const std::array<BlockFn, NP>& group_blocks, int per,
+                 const std::array<BlockFn, N1>& one) {
+  const int rows = (int)NP, rows1 = (int)N1;
+  int panels = (g.N + VW - 1) / VW, groups = panels / per, begin, end;
+  split(groups, part, parts, &begin, &end);  // groups of panels; the ones left over go to the last part
+  for (int p = per * begin; p < per * end; p += per)
+    for (int m0 = 0; m0 < g.M; m0 += rows) group_blocks[std::min(rows, g.M - m0) - 1](g, m0, p);
+  if (part == parts - 1)
+    for (int p = per * groups; p < panels; p++)
+      for (int m0 = 0; m0 < g.M; m0 += rows1) one[std::min(rows1, g.M - m0) - 1](g, m0, p);
+}
 
 void product_part(const Product& g, int part, int parts) {
-  int panels = (g.N + VW - 1) / VW, pairs = panels / 2, begin, end;
-  split(pairs, part, parts, &begin, &end);  // pairs of panels; the odd one last goes to the last part
-  for (int p = 2 * begin; p < 2 * end; p += 2)
-    for (int m0 = 0; m0 < g.M; m0 += ROWS2) TWO_PANELS[std::min(ROWS2, g.M - m0) - 1](g, m0, p);
-  if (panels % 2 && part == parts - 1)
-    for (int m0 = 0; m0 < g.M; m0 += ROWS1) ONE_PANEL[std::min(ROWS1, g.M - m0) - 1](g, m0, panels - 1);
+  if (g.qpacked)
+    panels_part(g, part, parts, PANELS_INT8, QP, ONE_PANEL_INT8);
+  else
+    panels_part(g, part, parts, TWO_PANELS, 2, ONE_PANEL);
+}
+
+static inline vi round_to_int(vf v) {  // to nearest, ties to even (the rounding mode's default), as torch.round
+#ifdef __AVX512F__
+  return (vi)_mm512_cvtps_epi32((__m512)v);
+#else
+  return (vi)_mm256_cvtps_epi32((__m256)v);
+#endif
+}
+
+// A vector of codes, clamped to 0..255, stored as VW bytes.
+static inline void store_codes(uint8_t* out, vi c) {
+#ifdef __AVX512F__
+  _mm_storeu_si128((__m128i*)out, _mm512_cvtusepi32_epi8(_mm512_max_epi32((__m512i)c, _mm512_setzero_si512())));
+#else
+  const __m256i words = _mm256_packus_epi32((__m256i)c, (__m256i)c);  // per 128-bit lane: c0..c3 twice, 16 bits
+  const __m256i bytes = _mm256_packus_epi16(words, words);            // per lane: c0..c3 four times, 8 bits
+  _mm_storel_epi64((__m128i*)out, _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(
+      0, 4, 0, 0, 0, 0, 0, 0))));
+#endif
+}
+
+// Rows (M, K), times ``inverse`` per channel where given, -> uint8 codes (M, K4) (zero past K), with one scale and
+// zero point for the matrix from its minimum and maximum (each widened to include 0): the scheme of
+// encoderkit.modeling.inference's int8 products (``_uint8_rows``), whose arithmetic this repeats step for step.
+void quantize(const float* x, int M, int K, const float* inverse, uint8_t* codes, int K4, float* xscale,
+              int* zero) {
+  vf low = splat(0.0f), high = splat(0.0f);
+  float lo = 0.0f, hi = 0.0f;
+  for (int r = 0; r < M; r++) {
+    const float* row = x + (size_t)r * K;
+    int k = 0;
+    for (; k + VW <= K; k += VW) {
+      vf v = loadu(row + k);
+      if (inverse) v *= loadu(inverse + k);
+      low = v < low ? v : low;
+      high = v > high ? v : high;
+    }
+    for (; k < K; k++) {
+      const float v = inverse ? row[k] * inverse[k] : row[k];
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  }
+  for (int j = 0; j < VW; j++) lo = std::min(lo, low[j]), hi = std::max(hi, high[j]);
+  const double scale = std::max((double)hi - (double)lo, 1e-12) / 255;
+  const int zp = (int)std::min(std::max(std::nearbyint(-(double)lo / scale), 0.0), 255.0);
+  const float step = (float)(1.0 / scale);
+  for (int r = 0; r < M; r++) {
+    const float* row = x + (size_t)r * K;
+    uint8_t* out = codes + (size_t)r * K4;
+    int k = 0;
+    for (; k + VW <= K; k += VW) {
+      vf v = loadu(row + k);
+      if (inverse) v *= loadu(inverse + k);
+      store_codes(out + k, round_to_int(v * step) + zp);
+    }
+    for (; k < K; k++) {
+      const float v = (inverse ? row[k] * inverse[k] : row[k]) * step;
+      out[k] = (uint8_t)std::min(std::max((int)std::nearbyint(v) + zp, 0), 255);
+    }
+    for (; k < K4; k++) out[k] = 0;
+  }
+  *xscale = (float)scale;
+  *zero = zp;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -179,48 +349,76 @@ struct Attention {
   float scale;
 };
 
-// Scores of one query against all keys a vector of keys at a time, from the keys transposed (dim, keys); the
-// probabilities times the values a vector of dimensions at a time.
+// Queries a block of QB at a time, so that QB sums are in flight at once (one query's dot products form a chain of
+// dependent multiply-adds): the scores against a vector of keys at a time, from the keys transposed (dim, keys); the
+// probabilities times the values a vector of dimensions at a time. A block past the last query repeats it (its
+// results are not stored). On all-MiniLM-L6-v2 (12 tokens, Cascade Lake, 2 threads) the attention of the six layers
+// took 0.18 ms one query at a time.
+constexpr int QB = 4;
+
 void attention_part(const Attention& a, int part, int parts) {
   int begin, end;
   split(a.sequences * a.heads, part, parts, &begin, &end);
   const int width = (a.longest + VW - 1) / VW * VW;
   thread_local std::vector<float> keys, scores;
-  if ((int)keys.size() < a.dim * width) keys.resize((size_t)a.dim * width);
-  if ((int)scores.size() < width) scores.resize(width);
-  const int stride = 3 * a.hidden;
+  if (keys.size() < (size_t)a.dim * width) keys.resize((size_t)a.dim * width);
+  if (scores.size() < (size_t)(a.longest + QB) * width) scores.resize((size_t)(a.longest + QB) * width);
+  const int stride = 3 * a.hidden, dim = a.dim;
   for (int task = begin; task < end; task++) {
     int s = task / a.heads, h = task % a.heads;
     const int64_t first = a.starts[s];
     const int n = (int)(a.starts[s + 1] - first), columns = (n + VW - 1) / VW * VW;
-    const float* q = a.qkv + first * stride + h * a.dim;
+    const float* q = a.qkv + first * stride + h * dim;
     const float* k = q + a.hidden;
     const float* v = q + 2 * a.hidden;
-    for (int d = 0; d < a.dim; d++) {
+    float* S = scores.data();
+    for (int d = 0; d < dim; d++) {
       float* row = keys.data() + (size_t)d * columns;
       for (int j = 0; j < n; j++) row[j] = k[(size_t)j * stride + d];
       for (int j = n; j < columns; j++) row[j] = 0.0f;
     }
-    for (int i = 0; i < n; i++) {
-      const float* qi = q + (size_t)i * stride;
+    for (int i0 = 0; i0 < n; i0 += QB) {
+      const float* rows[QB];
+      for (int b = 0; b < QB; b++) rows[b] = q + (size_t)std::min(i0 + b, n - 1) * stride;
       for (int j = 0; j < columns; j += VW) {
-        vf acc = splat(0.0f);
-        for (int d = 0; d < a.dim; d++) acc += qi[d] * loadu(keys.data() + (size_t)d * columns + j);
-        storeu(scores.data() + j, acc * a.scale);
+        vf acc[QB];
+        for (int b = 0; b < QB; b++) acc[b] = splat(0.0f);
+        for (int d = 0; d < dim; d++) {
+          const vf kv = loadu(keys.data() + (size_t)d * columns + j);
+          for (int b = 0; b < QB; b++) acc[b] += rows[b][d] * kv;
+        }
+        for (int b = 0; b < QB; b++) storeu(S + (size_t)(i0 + b) * columns + j, acc[b] * a.scale);
       }
-      float top = scores[0];
-      for (int j = 1; j < n; j++) top = std::max(top, scores[j]);
-      for (int j = 0; j < columns; j += VW) storeu(scores.data() + j, vexp(loadu(scores.data() + j) - top));
+    }
+    for (int i = 0; i < n; i++) {
+      float* row = S + (size_t)i * columns;
+      float top = row[0];
+      for (int j = 1; j < n; j++) top = std::max(top, row[j]);
+      for (int j = 0; j < columns; j += VW) storeu(row + j, vexp(loadu(row + j) - top));
       float total = 0.0f;
-      for (int j = 0; j < n; j++) total += scores[j];
+      for (int j = 0; j < n; j++) total += row[j];
       const float inverse = 1.0f / total;
-      float* o = a.out + (first + i) * a.hidden + h * a.dim;
-      for (int d = 0; d < a.dim; d++) o[d] = 0.0f;
-      for (int j = 0; j < n; j++) {
-        const float p = scores[j] * inverse;
-        const float* vj = v + (size_t)j * stride;
-        for (int d = 0; d < a.dim; d++) o[d] += p * vj[d];
+      for (int j = 0; j < n; j++) row[j] *= inverse;
+    }
+    for (int i0 = 0; i0 < n; i0 += QB) {
+      const int count = std::min(QB, n - i0);
+      float* out = a.out + (first + i0) * a.hidden + h * dim;
+      int d = 0;
+      for (; d + VW <= dim; d += VW) {
+        vf acc[QB];
+        for (int b = 0; b < QB; b++) acc[b] = splat(0.0f);
+        for (int j = 0; j < n; j++) {
+          const vf vj = loadu(v + (size_t)j * stride + d);
+          for (int b = 0; b < QB; b++) acc[b] += S[(size_t)(i0 + b) * columns + j] * vj;
+        }
+        for (int b = 0; b < count; b++) storeu(out + (size_t)b * a.hidden + d, acc[b]);
       }
+      for (; d < dim; d++)
+        for (int b = 0; b < count; b++) {
+          float sum = 0.0f;
+          for (int j = 0; j < n; j++) sum += S[(size_t)(i0 + b) * columns + j] * v[(size_t)j * stride + d];
+          out[(size_t)b * a.hidden + d] = sum;
+        }
     }
   }
 }
@@ -292,11 +490,39 @@ std::vector<float>& scratch(int which, size_t size) {
   if (buffers[which].size() < size) buffers[which].resize(size);
   return buffers[which];
 }
+
+// One layer's products and norms, as the caller lays them out.
+struct Layer {
+  Linear qkv, output, ffn_in, ffn_out;
+  const float *attention_norm_weight, *attention_norm_bias, *ffn_norm_weight, *ffn_norm_bias;
+};
+
+// The product of ``linear`` on this thread's panels, rows x (M, K) -> y (M, N); an int8 one first quantises x
+// into this thread's own codes (every thread all of x: a few thousand values, cheaper than a barrier).
+void product_part(const Linear& linear, const float* x, float* y, const float* residual, int M, int N, int K,
+                  int epilogue, int activation, int part, int parts) {
+  Product g{x, nullptr, nullptr, linear.bias, residual, y, M, N, K, epilogue, activation,
+            nullptr, nullptr, nullptr, 0.0f, 0, (K + 3) / 4 * 4};
+  if (linear.scale == nullptr) {
+    g.packed = (const float*)linear.weight;
+  } else {
+    thread_local std::vector<uint8_t> codes;
+    if (codes.size() < (size_t)M * g.K4) codes.resize((size_t)M * g.K4);
+    quantize(x, M, K, linear.inverse, codes.data(), g.K4, &g.xscale, &g.zero);
+    g.qpacked = (const int8_t*)linear.weight;
+    g.codes = codes.data();
+    g.wscale = linear.scale;
+    g.sums = linear.sums;
+  }
+  product_part(g, part, parts);
+}
 }  // namespace
 
 extern "C" {
 
 int ek_vector_width() { return VW; }
+
+int ek_int8() { return EK_INT8; }
 
 // (N, K) row-major weight -> panels of VW columns, k-major, the last one zero-filled past N.
 void ek_pack(const float* weight, float* packed, int N, int K) {
@@ -309,14 +535,33 @@ void ek_pack(const float* weight, float* packed, int N, int K) {
       }
 }
 
+// (N, K) row-major int8 codes -> panels of VW columns, four k at a time ((K4, VW, 4) per panel, zero past N and K),
+// and each column's sum of codes (panels * VW,).
+void ek_pack_int8(const int8_t* weight, int8_t* packed, int32_t* sums, int N, int K) {
+  const int panels = (N + VW - 1) / VW, K4 = (K + 3) / 4 * 4;
+  for (int p = 0; p < panels; p++)
+    for (int j = 0; j < VW; j++) {
+      const int n = p * VW + j;
+      int32_t sum = 0;
+      for (int k = 0; k < K4; k++) {
+        const int8_t code = n < N && k < K ? weight[(size_t)n * K + k] : 0;
+        packed[(size_t)p * K4 * VW + (size_t)(k / 4) * VW * 4 + j * 4 + k % 4] = code;
+        sum += code;
+      }
+      sums[n] = sum;
+    }
+}
+
+// One product, y = x W^T + b (M, N), on the calling thread: the kernel's own product, for tests.
+void ek_product(const void* linear, const float* x, float* y, int M, int N, int K) {
+  product_part(*(const Linear*)linear, x, y, nullptr, M, N, K, BIAS, 0, 0, 1);
+}
+
 // One call: the embeddings (where ``embedding`` is given) and every layer. x: (T, H) out (and in, the embeddings'
-// output, where ``embedding`` is null). weights: 12 pointers per layer: qkv panels, qkv bias, output panels,
-// output bias, attention norm weight, bias, ffn_in panels, ffn_in bias, ffn_out panels, ffn_out bias, ffn norm
-// weight, bias (biases padded to the panels' width). starts: (sequences + 1,) first row of each sequence.
-// Returns 0, or -1 (nothing computed) where an id is outside its embedding table.
-int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inter, int layers,
-              const float* const* weights, const int64_t* starts, int sequences, int activation, float eps,
-              float scale, int threads) {
+// output, where ``embedding`` is null). layers: one ``Layer`` per layer run, in order. starts: (sequences + 1,)
+// first row of each sequence. Returns 0, or -1 (nothing computed) where an id is outside its embedding table.
+int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inter, int count, const void* layers,
+              const int64_t* starts, int sequences, int activation, float eps, float scale, int threads) {
   const Embedding* e = (const Embedding*)embedding;
   if (e != nullptr && check_embedding(*e, T) != 0) return -1;
   const int dim = H / heads;
@@ -335,8 +580,10 @@ int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inte
     const int part = omp_get_thread_num(), parts = omp_get_num_threads();
     int first, last;
     split(T, part, parts, &first, &last);  // this thread's rows, for the embeddings and the norms
-    auto multiply = [&](const Product& g) {  // this thread's panels of a product, then wait for the others'
-      product_part(g, part, parts);
+    // this thread's panels of a product, then wait for the others'
+    auto multiply = [&](const Linear& linear, const float* in, float* out, const float* residual, int N, int K,
+                        int epilogue) {
+      product_part(linear, in, out, residual, T, N, K, epilogue, activation, part, parts);
 #pragma omp barrier
     };
     auto normalize = [&](float* rows, const float* weight, const float* bias) {  // this thread's rows, then wait
@@ -347,16 +594,16 @@ int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inte
       embed_rows(*e, x, H, first, last);
 #pragma omp barrier
     }
-    for (int l = 0; l < layers; l++) {
-      const float* const* w = weights + 12 * l;
-      multiply({x, w[0], w[1], nullptr, qkv, T, 3 * H, H, BIAS, 0});
+    for (int l = 0; l < count; l++) {
+      const Layer& w = ((const Layer*)layers)[l];
+      multiply(w.qkv, x, qkv, nullptr, 3 * H, H, BIAS);
       attention_part(attention, part, parts);
 #pragma omp barrier
-      multiply({context, w[2], w[3], x, hidden, T, H, H, BIAS_RESIDUAL, 0});
-      normalize(hidden, w[4], w[5]);
-      multiply({hidden, w[6], w[7], nullptr, inner, T, inter, H, BIAS_ACTIVATION, activation});
-      multiply({inner, w[8], w[9], hidden, x, T, H, inter, BIAS_RESIDUAL, 0});
-      normalize(x, w[10], w[11]);
+      multiply(w.output, context, hidden, x, H, H, BIAS_RESIDUAL);
+      normalize(hidden, w.attention_norm_weight, w.attention_norm_bias);
+      multiply(w.ffn_in, hidden, inner, nullptr, inter, H, BIAS_ACTIVATION);
+      multiply(w.ffn_out, inner, x, hidden, H, inter, BIAS_RESIDUAL);
+      normalize(x, w.ffn_norm_weight, w.ffn_norm_bias);
     }
   }
   return 0;
