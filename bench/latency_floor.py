@@ -165,7 +165,11 @@ def main() -> None:
     plain = export_onnx(model_dir)
     session = ort_session(optimize_onnx(plain, gelu_approximation=True), threads=args.threads)
     int8_session = ort_session(quantize_onnx(optimize_onnx(plain, gelu_approximation=False)), threads=args.threads)
-    floor = Floor(embedder.engine.encoder)
+    try:
+        floor = Floor(embedder.engine.encoder)
+    except (RuntimeError, AttributeError) as error:  # a torch without MKL: no floor, no MKL products
+        print(f"no PyTorch floor here: {error}")
+        floor = None
     torch_layers = Embedder.from_pretrained(model_dir, dtype="fp32")
     native.disable(torch_layers.engine.encoder)
     int8 = Embedder.from_pretrained(model_dir, dtype="int8")
@@ -201,17 +205,19 @@ def main() -> None:
                   "encoderkit (engine, one sequence)": engine_vector(embedder),
                   "native kernel alone (ids to states, one call)": kernel_alone,
                   "encoderkit, PyTorch layers (native kernel off)": engine_vector(torch_layers),
-                  "PyTorch floor (hand-written loop)": lambda i: floor(ids[i]),
                   "ONNX Runtime int8 (dynamic)": ort_vector(int8_session),
                   "encoderkit int8 (engine, one sequence)": engine_vector(int8),
                   "encoderkit int8, PyTorch layers (native kernel off)": engine_vector(int8_torch_layers)}
+    if floor is not None:
+        contenders["PyTorch floor (hand-written loop)"] = lambda i: floor(ids[i])
     reference = [embedder.encode(t) for t in texts]
     differences = {name: max(float(np.abs(np.asarray(run(i)) - reference[i]).max()) for i in range(len(texts)))
                    for name, run in contenders.items()}
     rows = int(np.median([len(x) for x in ids]))
-    mkl, onnx_products = products_only(floor, rows, args.threads)
-    contenders.update({f"24 products, {rows} rows: MKL packed (the PyTorch layers')": mkl,
-                       f"24 products, {rows} rows: ONNX Runtime MatMul+Add": onnx_products})
+    if floor is not None:
+        mkl, onnx_products = products_only(floor, rows, args.threads)
+        contenders.update({f"24 products, {rows} rows: MKL packed (the PyTorch layers')": mkl,
+                           f"24 products, {rows} rows: ONNX Runtime MatMul+Add": onnx_products})
     seconds = p50_interleaved(contenders, len(texts), args.calls)
     table = []
     for name, values in seconds.items():
@@ -223,7 +229,7 @@ def main() -> None:
         f" --threads {args.threads}" if args.threads != THREADS else "")
     write_result(args.result, {"texts": texts, "tokens": [len(x) for x in ids], "rows": table, "settle_s": 0.2,
                                "threads": args.threads, "native": native.status(), "int8_native": int8_native,
-                               "command": command})
+                               "command": command}, benchmark="latency_floor")
 
 
 def render(r: dict[str, Any]) -> list[str]:
@@ -231,8 +237,11 @@ def render(r: dict[str, Any]) -> list[str]:
 
     by_name = {row["contender"]: row for row in r["rows"]}
     ort_p50 = by_name["ONNX Runtime O3"]["p50_ms"]
-    lines = ["## Single-text latency taken apart (`bench/latency_floor.py`)", "", _machine(r), "",
-             f"One process, {r.get('threads', 2)} threads, interleaved in blocks of 10 (each after a "
+    threads = r.get("threads", 2)
+    title = "## Single-text latency taken apart (`bench/latency_floor.py`)" + (
+        f", {threads} threads on {r['machine']['cpu']}" if threads != 2 else "")
+    lines = [title, "", _machine(r), "",
+             f"One process, {threads} threads, interleaved in blocks of 10 (each after a "
              f"{r.get('settle_s', 0)} s pause, so that the previous runtime's spinning threads have gone to sleep), "
              f"{r['rows'][0]['calls']} calls each, from token ids "
              f"to a normalised mean-pooled vector; {len(r['texts'])} short texts of {min(r['tokens'])}-"
@@ -244,7 +253,8 @@ def render(r: dict[str, Any]) -> list[str]:
              "(its native kernel's int8 products where the CPU has VNNI; "
              + ("it ran here" if r.get("int8_native", True) else "not here, for want of VNNI") + "), and the same with the kernel off, against ONNX Runtime's "
              "dynamic int8 graph.", ""]
-    ort_products = next(row["p50_ms"] for row in r["rows"] if row["contender"].endswith("ONNX Runtime MatMul+Add"))
+    ort_products = next((row["p50_ms"] for row in r["rows"] if row["contender"].endswith("ONNX Runtime MatMul+Add")),
+                        None)
     ort_int8 = by_name.get("ONNX Runtime int8 (dynamic)", {}).get("p50_ms")
 
     def base(row: dict[str, Any]) -> float:
