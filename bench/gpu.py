@@ -314,7 +314,10 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "gpu", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "machine": machine(), "device": str(device), **gpu_facts(device),
                               "transformers": __import__("transformers").__version__,
-                              "sentence_transformers": __import__("sentence_transformers").__version__}
+                              "sentence_transformers": __import__("sentence_transformers").__version__,
+                              "command": "cd bench && PYTHONPATH=../src python3 gpu.py " + " ".join(
+                                  "DIR" if previous in ("--model", "--shared") else arg
+                                  for previous, arg in zip([""] + sys.argv[1:], sys.argv[1:]))}
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -343,6 +346,31 @@ if __name__ == "__main__":
     main()
 
 
+def _partial(r: dict[str, Any]) -> list[str]:
+    """The parity and embedding parts of a run of some parts only."""
+    from report import _table
+
+    lines = []
+    if "parity" in r:
+        p = r["parity"]
+        worst = {key: max(row[key] for row in p["rows"]) for key in ("unpadded_vs_cpu", "explicit_vs_cpu",
+                                                                        "vs_transformers_same_device")}
+        lines += [f"**Parity**: {p['cases']} cases, every family and head of tests/parity, tiny random transformers "
+                  f"models. Largest difference, GPU against CPU: {worst['unpadded_vs_cpu']:.2e} (unpadded path), "
+                  f"{worst['explicit_vs_cpu']:.2e} (padded explicit path); encoderkit against transformers, both on "
+                  f"the GPU: {worst['vs_transformers_same_device']:.2e}.", ""]
+    if "embed" in r:
+        e = r["embed"]
+        lines += [f"**Embedding** {e['texts']:,} texts (../shared/bench/sentences.txt), median of {e['rounds']} "
+                  "interleaved rounds, tokenising included; differences against encoderkit's CPU fp32 vectors:", ""]
+        lines += _table(["contender", "texts/s", "vs sentence-transformers fp32", "max abs diff",
+                         "STS-B dev Spearman"],
+                        [[row["contender"], f"{row['texts_per_s']:,.0f}",
+                          f"{row['vs_sentence_transformers_fp32']:.2f}x", f"{row['max_abs_diff_vs_cpu_fp32']:.1e}",
+                          f"{row['stsb_dev_spearman']:.4f}"] for row in e["rows"]])
+    return lines
+
+
 def render(r: dict[str, Any]) -> list[str]:
     """BENCHMARKS.md's section (bench/report.py)."""
     from report import _table
@@ -350,10 +378,17 @@ def render(r: dict[str, Any]) -> list[str]:
     facts = (f"{r['gpu']} ({r['gpu_memory_gib']} GiB, CUDA {r['cuda']}, bf16 {'yes' if r['bf16'] else 'no'}), torch "
              f"{r['machine']['torch']}, transformers {r['transformers']}, sentence-transformers "
              f"{r['sentence_transformers']}; host CPU {r['machine']['cpu']}, {r['machine']['cores']} cores")
-    lines = ["## On a GPU: the CUDA path against the CPU path and the peers (bench/gpu.py)", "",
-             f"_{r['date']}: {facts}. Command: `{r['command']}` (the model: all-MiniLM-L6-v2 carried to the GPU "
+    complete = all(part in r for part in ("parity", "train", "embed", "budget", "with_cudnn_attention"))
+    title = "## On a GPU: the CUDA path against the CPU path and the peers (bench/gpu.py)"
+    if not complete:  # a check of some parts (a later run on another GPU)
+        title += f": {', '.join(p for p in ('parity', 'embed', 'budget', 'train') if p in r)}, {r['gpu']}"
+    lines = [title, "",
+             f"_{r['date']}: {facts}. Command: `{r.get('command', 'python bench/gpu.py (options not recorded)')}` "
+             "(the model: all-MiniLM-L6-v2 carried to the GPU "
              "machine with fp16 weights and widened to fp32 there, so every contender reads the same weights). "
              "TF32 off: fp32 products are fp32 products. CI has no GPU; nothing in encoderkit needs one._", ""]
+    if not complete:
+        return lines + _partial(r)
     p = r["parity"]
     lines += [f"**Parity** ({p['date']}): {p['cases']} cases, every family and head of tests/parity, tiny random "
               f"transformers models. Largest difference, GPU against CPU: {p['worst']['unpadded_vs_cpu']:.2e} "

@@ -238,8 +238,9 @@ def render(r: dict[str, Any]) -> list[str]:
     by_name = {row["contender"]: row for row in r["rows"]}
     ort_p50 = by_name["ONNX Runtime O3"]["p50_ms"]
     threads = r.get("threads", 2)
-    title = "## Single-text latency taken apart (`bench/latency_floor.py`)" + (
-        f", {threads} threads on {r['machine']['cpu']}" if threads != 2 else "")
+    flags = r["machine"].get("cpu_flags", {})
+    features = "AMX" if flags.get("amx_bf16") else "AVX-512" if flags.get("avx512f") else "AVX2"
+    title = f"## Single-text latency taken apart (`bench/latency_floor.py`): {threads} threads, {features}"
     lines = [title, "", _machine(r), "",
              f"One process, {threads} threads, interleaved in blocks of 10 (each after a "
              f"{r.get('settle_s', 0)} s pause, so that the previous runtime's spinning threads have gone to sleep), "
