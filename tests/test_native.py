@@ -315,3 +315,37 @@ def test_int8_without_vnni_runs_the_pytorch_layers(tmp_path, monkeypatch):
     assert native.kernel_of(int8_model) is None
     engine_states(engine_for(model, "fp32"), ids, types)
     assert native.kernel_of(model) is not None
+
+
+@needs_int8
+def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch):
+    """int8 batches beyond MAX_TOKENS whose sequences are all short run natively (fp32 ones do not), with the
+    results of PyTorch's int8 kernels; a batch with a longer sequence runs those kernels."""
+    from encoderkit.engine import Engine
+    from encoderkit.precision import Precision
+
+    monkeypatch.setattr(native, "INT8_MAX_TOKENS", 120)
+    monkeypatch.setattr(native, "INT8_MAX_LENGTH", 16)
+    config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=64)
+    engine = Engine(model, Precision.quantized("task", smoothing=False))
+    torch_model = load_model(tmp_path)
+    torch_engine = Engine(torch_model, Precision.quantized("task", smoothing=False))
+    native.disable(torch_model)
+    fp32_model = load_model(tmp_path)
+    fp32_engine = engine_for(fp32_model, "fp32")
+    long_ids, long_types = sequences(config, [40, 30])  # 70 tokens
+    engine_states(engine, long_ids, long_types)  # a sequence over INT8_MAX_LENGTH: PyTorch's kernels
+    engine_states(fp32_engine, *sequences(config, [16] * 6))  # 96 tokens of fp32: PyTorch's kernels
+    assert native.kernel_of(model) is None and native.kernel_of(fp32_model) is None
+    ids, types = sequences(config, [16, 15, 12, 9, 16, 14, 11, 3], seed=6)  # 96 tokens, none over 16
+    assert sum(map(len, ids)) > native.MAX_TOKENS
+    expected = expected_states(reference, config, ids, types)
+    batches = []
+    original = native.NativeEncoder.__call__
+    monkeypatch.setattr(native.NativeEncoder, "__call__",
+                        lambda self, ids, *rest: batches.append(len(ids)) or original(self, ids, *rest))
+    got, want = engine_states(engine, ids, types), engine_states(torch_engine, ids, types)
+    assert batches == [96], batches  # the whole batch, natively
+    for ours, theirs, exact in zip(got, want, expected):
+        ours_error, their_error = float((ours - exact).norm()), float((theirs - exact).norm())
+        assert ours_error <= 1.5 * their_error + 1e-5

@@ -21,7 +21,8 @@ It applies, through ``EncoderModel.run`` (the one forward; this is a kernel swit
 these hold: the model was prepared by ``for_inference`` in fp32 (int8 layers or not), runs on the CPU with no gradient,
 returns only its last states, its layers are post-norm with absolute positions (BERT, RoBERTa, DistilBERT, ALBERT,
 ELECTRA; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReLU, and the batch has at most
-``MAX_TOKENS`` tokens packed in row order. Everything else runs the PyTorch layers as before.
+``MAX_TOKENS`` tokens packed in row order (int8: at most ``INT8_MAX_TOKENS``, each sequence at most
+``INT8_MAX_LENGTH``). Everything else runs the PyTorch layers as before.
 
 Built at first use with the machine's C++ compiler (``g++``, or ``$CXX``) for the CPU it runs on (``-march=native``)
 into ``$ENCODERKIT_CACHE`` (default ``~/.cache/encoderkit``)/native/, a few seconds once; the file name carries a
@@ -52,6 +53,11 @@ SOURCE = Path(__file__).with_name("small_batch.cpp")
 # 32 tokens 8.7 against 12.5 ms, of 64 tokens 17.0 against 19.7 ms, four of 16 14.7 against 20.2 ms. Its attention
 # is a plain loop per sequence and head, quadratic in the length: longer inputs stay on PyTorch's kernels.
 MAX_TOKENS = 64
+# int8: batches of at most INT8_MAX_TOKENS tokens whose sequences have at most INT8_MAX_LENGTH tokens each. Measured the
+# same way (int8, native against PyTorch's int8 kernels): 32 sequences of 16 tokens 49 against 65 ms, of 32 tokens
+# 104 against 116, of 64 tokens 233 against 300; 16 of 64 117 against 120; but 8 of 128 141 against 128 and one of
+# 512 137 against 90 (the attention loop). In fp32 the kernel lost from 256 tokens on (8 of 32: 43 against 36 ms).
+INT8_MAX_TOKENS, INT8_MAX_LENGTH = 2048, 64
 ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
 _lock = threading.Lock()
@@ -124,6 +130,8 @@ def library() -> ctypes.CDLL | None:
         lib.ek_encode.restype = integer
         lib.ek_vector_width.restype = integer
         lib.ek_int8.restype = integer
+        lib.ek_phases.argtypes = [pointer]
+        lib.ek_phases.restype = integer
         _library = lib
         return lib
 
@@ -372,12 +380,17 @@ def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bia
     return y
 
 
+def _fits(plan: NativeEncoder, tokens: int, packing) -> bool:
+    """Whether a batch of ``tokens`` laid out by ``packing`` is one the kernel is faster on (``MAX_TOKENS``)."""
+    return tokens <= MAX_TOKENS or (bool(plan.int8) and packing.max_length <= INT8_MAX_LENGTH)
+
+
 def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                    position_ids: torch.Tensor | None, packing) -> torch.Tensor | None:
     """The last layer's states of the (tokens,) ids laid out by ``packing``, from the native kernel, or None where
     it does not apply (see the module doc): then the caller runs the PyTorch forward."""
     tokens = input_ids.shape[0]
-    if tokens > MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" or encoder.training \
+    if tokens > INT8_MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" or encoder.training \
             or torch.is_grad_enabled() or getattr(encoder, "inference_dtype", None) != torch.float32 \
             or getattr(encoder, "traceable", False) or not packing.in_row_order \
             or any(group.key_mask is not None or group.bias is not None for group in packing.groups):
@@ -386,14 +399,19 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
     if plan is None:
         if encoder.__dict__.get("_native_checked"):
             return None
-        encoder.__dict__["_native_checked"] = True
         lib = library()
         if lib is None or eligible(encoder) is not None or next(encoder.parameters()).dtype != torch.float32:
+            encoder.__dict__["_native_checked"] = True
             return None
         plan = NativeEncoder(encoder, lib)
         if plan.int8 and not lib.ek_int8():
+            encoder.__dict__["_native_checked"] = True
+            return None
+        if not _fits(plan, tokens, packing):  # kept from the first batch that takes the kernel on
             return None
         encoder.__dict__["_native"] = plan
+    elif not _fits(plan, tokens, packing):
+        return None
     if plan.int8 and plan.calibrating():
         return None
     return plan(input_ids, token_type_ids, position_ids, packing.cu_seqlens)
@@ -419,5 +437,5 @@ def reset(encoder: nn.Module) -> None:
     encoder.__dict__.pop("_native_checked", None)
 
 
-__all__ = ["MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available", "int8_product", "kernel_of",
+__all__ = ["INT8_MAX_LENGTH", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available", "int8_product", "kernel_of",
            "library", "native_forward", "reset", "status"]

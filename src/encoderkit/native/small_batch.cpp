@@ -491,6 +491,13 @@ std::vector<float>& scratch(int which, size_t size) {
   return buffers[which];
 }
 
+// Built with -DEK_PROFILE (ENCODERKIT_NATIVE_FLAGS; bench/native_phases.py): the seconds the first thread spends in
+// each step of ek_encode (its waits at the barriers included), and in quantising the int8 products' rows.
+enum Phase { EMBED, QKV, ATTEND, OUTPUT, NORM1, FFN_IN, FFN_OUT, NORM2, QUANTIZE, PHASES };
+#ifdef EK_PROFILE
+double phase_seconds[PHASES];
+#endif
+
 // One layer's products and norms, as the caller lays them out.
 struct Layer {
   Linear qkv, output, ffn_in, ffn_out;
@@ -508,7 +515,13 @@ void product_part(const Linear& linear, const float* x, float* y, const float* r
   } else {
     thread_local std::vector<uint8_t> codes;
     if (codes.size() < (size_t)M * g.K4) codes.resize((size_t)M * g.K4);
+#ifdef EK_PROFILE
+    const double started = omp_get_wtime();
+#endif
     quantize(x, M, K, linear.inverse, codes.data(), g.K4, &g.xscale, &g.zero);
+#ifdef EK_PROFILE
+    if (part == 0) phase_seconds[QUANTIZE] += omp_get_wtime() - started;
+#endif
     g.qpacked = (const int8_t*)linear.weight;
     g.codes = codes.data();
     g.wscale = linear.scale;
@@ -523,6 +536,17 @@ extern "C" {
 int ek_vector_width() { return VW; }
 
 int ek_int8() { return EK_INT8; }
+
+// The phase seconds summed since the last call (see Phase), then zeroed; 0 (nothing written) without -DEK_PROFILE.
+int ek_phases(double* out) {
+#ifdef EK_PROFILE
+  for (int i = 0; i < PHASES; i++) out[i] = phase_seconds[i], phase_seconds[i] = 0.0;
+  return PHASES;
+#else
+  (void)out;
+  return 0;
+#endif
+}
 
 // (N, K) row-major weight -> panels of VW columns, k-major, the last one zero-filled past N.
 void ek_pack(const float* weight, float* packed, int N, int K) {
@@ -590,20 +614,38 @@ int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inte
       layer_norm(rows + (size_t)first * H, last - first, H, weight, bias, eps);
 #pragma omp barrier
     };
+#ifdef EK_PROFILE
+    double clock = omp_get_wtime();
+    auto mark = [&](Phase phase) {  // the time since the last mark goes to ``phase``
+      const double now = omp_get_wtime();
+      if (part == 0) phase_seconds[phase] += now - clock;
+      clock = now;
+    };
+#else
+    auto mark = [](Phase) {};
+#endif
     if (e != nullptr) {
       embed_rows(*e, x, H, first, last);
 #pragma omp barrier
+      mark(EMBED);
     }
     for (int l = 0; l < count; l++) {
       const Layer& w = ((const Layer*)layers)[l];
       multiply(w.qkv, x, qkv, nullptr, 3 * H, H, BIAS);
+      mark(QKV);
       attention_part(attention, part, parts);
 #pragma omp barrier
+      mark(ATTEND);
       multiply(w.output, context, hidden, x, H, H, BIAS_RESIDUAL);
+      mark(OUTPUT);
       normalize(hidden, w.attention_norm_weight, w.attention_norm_bias);
+      mark(NORM1);
       multiply(w.ffn_in, hidden, inner, nullptr, inter, H, BIAS_ACTIVATION);
+      mark(FFN_IN);
       multiply(w.ffn_out, inner, x, hidden, H, inter, BIAS_RESIDUAL);
+      mark(FFN_OUT);
       normalize(x, w.ffn_norm_weight, w.ffn_norm_bias);
+      mark(NORM2);
     }
   }
   return 0;
