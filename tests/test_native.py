@@ -349,3 +349,31 @@ def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch):
     for ours, theirs, exact in zip(got, want, expected):
         ours_error, their_error = float((ours - exact).norm()), float((theirs - exact).norm())
         assert ours_error <= 1.5 * their_error + 1e-5
+
+
+def test_native_plan_is_made_once_under_concurrent_first_calls(tmp_path):
+    """Two threads whose first batches arrive together (an embedding job's lanes, a server's workers) on a model
+    whose kernel layout is not made yet: one makes it, the other waits for it, and neither computes with a layout
+    being replaced (its tensors freed under the kernel's feet)."""
+    import threading
+
+    config, reference, model = reference_and_ours("bert", tmp_path, hidden_size=128, intermediate_size=512,
+                                                  num_attention_heads=4)
+    engine = engine_for(model, "fp32")
+    batches = [sequences(config, [9 + i, 5], seed=10 + i)[0] for i in range(2)]
+    expected = [engine.pooled(b) for b in batches]
+    for attempt in range(10):
+        native.reset(model)
+        start, results = threading.Barrier(2), [None, None]
+
+        def run(i: int) -> None:
+            start.wait()
+            results[i] = engine.pooled(batches[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for want, got in zip(expected, results):
+            assert torch.equal(want, got), f"attempt {attempt}: a concurrent first call computed something else"

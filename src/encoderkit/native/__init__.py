@@ -211,6 +211,7 @@ class NativeEncoder:
         self.encoder, self.lib = encoder, lib
         self.width = lib.ek_vector_width()
         self.versions: tuple[int, ...] | None = None
+        self.lock = threading.Lock()
         self.sources: list[torch.Tensor] = []
         self.codes: list[torch.Tensor] = []  # each int8 product's codes the layout was made from
         self.tensors: list[torch.Tensor] = []
@@ -271,8 +272,15 @@ class NativeEncoder:
         return any(p.versions is None or p.quantized is not c for p, c in zip(self.int8.values(), self.codes))
 
     def _refresh(self) -> None:
+        """The layout made (again) where it is stale; under a lock, so that threads whose first calls arrive together
+        (an embedding job's lanes, a server's workers) make it once, and the others wait for it."""
         if not self._stale():
             return
+        with self.lock:
+            if self._stale():
+                self._rebuild()
+
+    def _rebuild(self) -> None:
         encoder = self.encoder
         self.sources = list(encoder.layers.parameters()) + list(encoder.embeddings.parameters())
         versions = tuple(t._version for t in self.sources)
@@ -326,8 +334,10 @@ class NativeEncoder:
         """(tokens,) ids laid out from ``starts`` ((sequences + 1,) first rows) -> the last layer's (tokens, hidden)
         states; None where an id lies outside its table (the PyTorch path then says which)."""
         self._refresh()
+        # this call's layout and the tensors it points into, held until the kernel returns: a layout made again
+        # meanwhile (weights changed by another thread) replaces them without freeing these
+        layers, keep = self.layers, [self.tensors]
         tokens = input_ids.shape[0]
-        keep = []  # the int64 tensors the kernel reads, alive until it returns
         if self.native_embeddings:
             x = torch.empty(tokens, self.hidden, dtype=torch.float32)
             e = _Embedding(**self.tables)  # one per call: calls from several threads share the plan
@@ -342,7 +352,7 @@ class NativeEncoder:
             embedding = None
         starts = starts.to(torch.int64).contiguous()
         code = self.lib.ek_encode(x.data_ptr(), embedding, tokens, self.hidden, self.heads, self.inter,
-                                  len(self.schedule), ctypes.byref(self.layers), starts.data_ptr(),
+                                  len(self.schedule), ctypes.byref(layers), starts.data_ptr(),
                                   starts.shape[0] - 1, self.activation, self.eps, self.scale, torch.get_num_threads())
         return x if code == 0 else None
 
