@@ -908,7 +908,7 @@ def run_profile(model_dir: Path, sentences: list[str], rows: list[dict[str, Any]
         ("encoderkit", "sentence"))), key=lambda r: r["texts_per_second"])
     onnx_paths = {"ONNX Runtime": PEER_CACHE / "model.onnx", "ONNX Runtime + BERT optimizer (O2)":
                   PEER_CACHE / "model-o2.onnx", "ONNX Runtime + BERT optimizer (O3)": PEER_CACHE / "model-o3.onnx",
-                  "OpenVINO f32": PEER_CACHE / "model.onnx"}
+                  "OpenVINO f32": PEER_CACHE / "model.onnx", "OpenVINO default precision": PEER_CACHE / "model.onnx"}
     print(f"\nprofiling encoderkit fp32 and {fastest.name} (fastest full-precision peer with a profiler; "
           f"fastest overall: {fastest_any['contender']})")
     result = {"fastest_full_precision_peer": fastest_any["contender"],
