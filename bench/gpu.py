@@ -346,29 +346,23 @@ if __name__ == "__main__":
     main()
 
 
-def _partial(r: dict[str, Any]) -> list[str]:
-    """The parity and embedding parts of a run of some parts only."""
+def _parity_lines(p: dict[str, Any]) -> list[str]:
+    date = f" ({p['date']})" if "date" in p else ""
+    return [f"**Parity**{date}: {p['cases']} cases, every family and head of tests/parity, tiny random "
+            f"transformers models. Largest difference, GPU against CPU: {p['worst']['unpadded_vs_cpu']:.2e} "
+            f"(unpadded path), {p['worst']['explicit_vs_cpu']:.2e} (padded explicit path); encoderkit against "
+            f"transformers, both on the GPU: {p['worst']['vs_transformers_same_device']:.2e}. Tolerance "
+            f"{p['tolerance']:g}: {'all within' if p['within_tolerance'] else 'NOT all within'}.", ""]
+
+
+def _embed_lines(e: dict[str, Any]) -> list[str]:
     from report import _table
 
-    lines = []
-    if "parity" in r:
-        p = r["parity"]
-        worst = {key: max(row[key] for row in p["rows"]) for key in ("unpadded_vs_cpu", "explicit_vs_cpu",
-                                                                        "vs_transformers_same_device")}
-        lines += [f"**Parity**: {p['cases']} cases, every family and head of tests/parity, tiny random transformers "
-                  f"models. Largest difference, GPU against CPU: {worst['unpadded_vs_cpu']:.2e} (unpadded path), "
-                  f"{worst['explicit_vs_cpu']:.2e} (padded explicit path); encoderkit against transformers, both on "
-                  f"the GPU: {worst['vs_transformers_same_device']:.2e}.", ""]
-    if "embed" in r:
-        e = r["embed"]
-        lines += [f"**Embedding** {e['texts']:,} texts (../shared/bench/sentences.txt), median of {e['rounds']} "
-                  "interleaved rounds, tokenising included; differences against encoderkit's CPU fp32 vectors:", ""]
-        lines += _table(["contender", "texts/s", "vs sentence-transformers fp32", "max abs diff",
-                         "STS-B dev Spearman"],
-                        [[row["contender"], f"{row['texts_per_s']:,.0f}",
-                          f"{row['vs_sentence_transformers_fp32']:.2f}x", f"{row['max_abs_diff_vs_cpu_fp32']:.1e}",
-                          f"{row['stsb_dev_spearman']:.4f}"] for row in e["rows"]])
-    return lines
+    return [f"**Embedding** {e['texts']:,} texts (../shared/bench/sentences.txt), median of {e['rounds']} "
+            "interleaved rounds, tokenising included; differences against encoderkit's CPU fp32 vectors:", ""] + \
+        _table(["contender", "texts/s", "vs sentence-transformers fp32", "max abs diff", "STS-B dev Spearman"],
+               [[row["contender"], f"{row['texts_per_s']:,.0f}", f"{row['vs_sentence_transformers_fp32']:.2f}x",
+                 f"{row['max_abs_diff_vs_cpu_fp32']:.1e}", f"{row['stsb_dev_spearman']:.4f}"] for row in e["rows"]])
 
 
 def render(r: dict[str, Any]) -> list[str]:
@@ -387,25 +381,15 @@ def render(r: dict[str, Any]) -> list[str]:
              "(the model: all-MiniLM-L6-v2 carried to the GPU "
              "machine with fp16 weights and widened to fp32 there, so every contender reads the same weights). "
              "TF32 off: fp32 products are fp32 products. CI has no GPU; nothing in encoderkit needs one._", ""]
-    if not complete:
-        return lines + _partial(r)
-    p = r["parity"]
-    lines += [f"**Parity** ({p['date']}): {p['cases']} cases, every family and head of tests/parity, tiny random "
-              f"transformers models. Largest difference, GPU against CPU: {p['worst']['unpadded_vs_cpu']:.2e} "
-              f"(unpadded path), {p['worst']['explicit_vs_cpu']:.2e} (padded explicit path); encoderkit against "
-              f"transformers, both on the GPU: {p['worst']['vs_transformers_same_device']:.2e}. Tolerance "
-              f"{p['tolerance']:g}: {'all within' if p['within_tolerance'] else 'NOT all within'}.", ""]
+    if not complete:  # a run of some parts: those of them this section shows
+        return lines + (_parity_lines(r["parity"]) if "parity" in r else []) + \
+            (_embed_lines(r["embed"]) if "embed" in r else [])
+    lines += _parity_lines(r["parity"])
     t = r["train"]
     lines += [f"**Fine-tuning parity**: {t['parity']['steps']} steps of SST-2 with dropout off, the same batches on "
               f"the CPU and the GPU: losses differ by at most {t['parity']['max_loss_relative_diff']:.1e} "
               f"(relative), the weights after them by {t['parity']['max_weight_abs_diff']:.1e}.", ""]
-    e = r["embed"]
-    lines += [f"**Embedding** {e['texts']:,} texts (../shared/bench/sentences.txt), median of {e['rounds']} "
-              "interleaved rounds, tokenising included; differences against encoderkit's CPU fp32 vectors:", ""]
-    lines += _table(["contender", "texts/s", "vs sentence-transformers fp32", "max abs diff", "STS-B dev Spearman"],
-                    [[row["contender"], f"{row['texts_per_s']:,.0f}", f"{row['vs_sentence_transformers_fp32']:.2f}x",
-                      f"{row['max_abs_diff_vs_cpu_fp32']:.1e}", f"{row['stsb_dev_spearman']:.4f}"]
-                     for row in e["rows"]])
+    lines += _embed_lines(r["embed"])
     steps = next(row["steps"] for row in t["runs"] if "steps" in row)
     lines += ["", f"**Fine-tuning speed**: {t['examples']:,} SST-2 rows, a tenth held out, one epoch of the rest "
               f"({steps} steps of 32, the same recipe on both sides), against transformers' Trainer with "

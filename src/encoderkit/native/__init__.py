@@ -194,11 +194,6 @@ class _Layer(ctypes.Structure):
                                                      "ffn_norm_bias")]
 
 
-def _prepacked(module) -> object | None:
-    """The packed product ``for_inference`` made for ``module`` (a linear layer, or the fused query/key/value)."""
-    return getattr(module, "prepacked", None)
-
-
 class NativeEncoder:
     """An encoder's embeddings and layers laid out for ``small_batch.cpp``, rebuilt when a parameter or an int8
     product's codes change (as ``Prepacked``). Embeddings with a projection (ALBERT, ELECTRA's small sizes) run in
@@ -212,6 +207,7 @@ class NativeEncoder:
         self.width = lib.ek_vector_width()
         self.versions: tuple[int, ...] | None = None
         self.lock = threading.Lock()
+        self.ran = False  # whether a batch has taken the kernel (``kernel_of``)
         self.sources: list[torch.Tensor] = []
         self.codes: list[torch.Tensor] = []  # each int8 product's codes the layout was made from
         self.tensors: list[torch.Tensor] = []
@@ -229,7 +225,7 @@ class NativeEncoder:
         self.int8 = {}
         for index, layer in enumerate(encoder.layers):
             for name, module in self._linears(layer).items():
-                product = _prepacked(module)
+                product = getattr(module, "prepacked", None)  # what for_inference made for it
                 if isinstance(product, Int8Prepacked):
                     self.int8[index, name] = product
 
@@ -253,11 +249,7 @@ class NativeEncoder:
         return packed
 
     def _vector(self, value: torch.Tensor | None, size: int, fill: float = 0.0) -> torch.Tensor:
-        padded = -(-size // self.width) * self.width
-        out = torch.full((padded,), fill, dtype=torch.float32)
-        if value is not None:
-            out[:size] = value.detach().float()
-        return out
+        return _padded(value, size, self.width, fill)
 
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None, int8=None) -> list[torch.Tensor | None]:
         if int8 is None:
@@ -334,6 +326,7 @@ class NativeEncoder:
         """(tokens,) ids laid out from ``starts`` ((sequences + 1,) first rows) -> the last layer's (tokens, hidden)
         states; None where an id lies outside its table (the PyTorch path then says which)."""
         self._refresh()
+        self.ran = True
         # this call's layout and the tensors it points into, held until the kernel returns: a layout made again
         # meanwhile (weights changed by another thread) replaces them without freeing these
         layers, keep = self.layers, [self.tensors]
@@ -367,11 +360,16 @@ def _int8_linear(lib: ctypes.CDLL, codes: torch.Tensor, scales: torch.Tensor, bi
     packed = torch.empty(padded * (-(-cols // 4) * 4), dtype=torch.int8)
     sums = torch.zeros(padded, dtype=torch.int32)
     lib.ek_pack_int8(codes.to(torch.int8).contiguous().data_ptr(), packed.data_ptr(), sums.data_ptr(), rows, cols)
-    padded_scales, padded_bias = torch.zeros(padded), torch.zeros(padded)
-    padded_scales[:rows] = scales.detach().float()
-    if bias is not None:
-        padded_bias[:rows] = bias.detach().float()
-    return [packed, padded_bias, padded_scales, sums, None if inverse is None else inverse.float().contiguous()]
+    return [packed, _padded(bias, rows, width), _padded(scales, rows, width), sums,
+            None if inverse is None else inverse.float().contiguous()]
+
+
+def _padded(value: torch.Tensor | None, size: int, width: int, fill: float = 0.0) -> torch.Tensor:
+    """(size,) ``value`` (None: all ``fill``) in fp32, padded with ``fill`` to whole panels of ``width`` lanes."""
+    out = torch.full((-(-size // width) * width,), fill, dtype=torch.float32)
+    if value is not None:
+        out[:size] = value.detach().float()
+    return out
 
 
 def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
@@ -417,10 +415,8 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
         if plan.int8 and not lib.ek_int8():
             encoder.__dict__["_native_checked"] = True
             return None
-        if not _fits(plan, tokens, packing):  # kept from the first batch that takes the kernel on
-            return None
         encoder.__dict__["_native"] = plan
-    elif not _fits(plan, tokens, packing):
+    if not _fits(plan, tokens, packing):
         return None
     if plan.int8 and plan.calibrating():
         return None
@@ -430,7 +426,8 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
 def kernel_of(model: nn.Module) -> NativeEncoder | None:
     """The native kernel's plan for ``model`` (an encoder, or a task model with one): made at its first batch that
     took the kernel; None before that, or where the kernel does not apply."""
-    return getattr(model, "encoder", model).__dict__.get("_native")
+    plan = getattr(model, "encoder", model).__dict__.get("_native")
+    return plan if plan is not None and plan.ran else None
 
 
 def disable(model: nn.Module) -> None:
@@ -447,5 +444,5 @@ def reset(encoder: nn.Module) -> None:
     encoder.__dict__.pop("_native_checked", None)
 
 
-__all__ = ["INT8_MAX_LENGTH", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available", "int8_product", "kernel_of",
-           "library", "native_forward", "reset", "status"]
+__all__ = ["INT8_MAX_LENGTH", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available",
+           "int8_product", "kernel_of", "library", "native_forward", "reset", "status"]

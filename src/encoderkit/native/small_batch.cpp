@@ -244,33 +244,23 @@ const std::array<BlockFn, ROWS2> TWO_PANELS = blocks_of<2>(std::make_integer_seq
 // int8 blocks: two panels of ROWS2 rows as well. all-MiniLM-L6-v2's int8 layers on one text (Cascade Lake, 2 threads,
 // interleaved), 12 and 20 tokens: two panels of 14 rows 1.71 and 2.71 ms, three of 8 rows 1.73 and 2.65, four of 6 or
 // 7 rows 1.75-1.78 and 2.64-2.65, one panel of 24 rows 1.94 and 3.03.
-constexpr int QP = 2, QROWS = ROWS2;
 #if EK_INT8
 const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = qblocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
-const std::array<BlockFn, QROWS> PANELS_INT8 = qblocks_of<QP>(std::make_integer_sequence<int, QROWS>{});
-#else
+const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = qblocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
+#else  // never called: without VNNI the caller runs no int8 layer here (ek_int8)
 const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = ONE_PANEL;
-const std::array<BlockFn, QROWS> PANELS_INT8 = {};
+const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = TWO_PANELS;
 #endif
 
-template <size_t N1, size_t NP>
-void panels_part(const Product& g, int part, int parts, const std::array<BlockFn, NP>& group_blocks, int per,
-                 const std::array<BlockFn, N1>& one) {
-  const int rows = (int)NP, rows1 = (int)N1;
-  int panels = (g.N + VW - 1) / VW, groups = panels / per, begin, end;
-  split(groups, part, parts, &begin, &end);  // groups of panels; the ones left over go to the last part
-  for (int p = per * begin; p < per * end; p += per)
-    for (int m0 = 0; m0 < g.M; m0 += rows) group_blocks[std::min(rows, g.M - m0) - 1](g, m0, p);
-  if (part == parts - 1)
-    for (int p = per * groups; p < panels; p++)
-      for (int m0 = 0; m0 < g.M; m0 += rows1) one[std::min(rows1, g.M - m0) - 1](g, m0, p);
-}
-
 void product_part(const Product& g, int part, int parts) {
-  if (g.qpacked)
-    panels_part(g, part, parts, PANELS_INT8, QP, ONE_PANEL_INT8);
-  else
-    panels_part(g, part, parts, TWO_PANELS, 2, ONE_PANEL);
+  const auto& two = g.qpacked ? TWO_PANELS_INT8 : TWO_PANELS;
+  const auto& one = g.qpacked ? ONE_PANEL_INT8 : ONE_PANEL;
+  int panels = (g.N + VW - 1) / VW, pairs = panels / 2, begin, end;
+  split(pairs, part, parts, &begin, &end);  // pairs of panels; the odd one last goes to the last part
+  for (int p = 2 * begin; p < 2 * end; p += 2)
+    for (int m0 = 0; m0 < g.M; m0 += ROWS2) two[std::min(ROWS2, g.M - m0) - 1](g, m0, p);
+  if (panels % 2 && part == parts - 1)
+    for (int m0 = 0; m0 < g.M; m0 += ROWS1) one[std::min(ROWS1, g.M - m0) - 1](g, m0, panels - 1);
 }
 
 static inline vi round_to_int(vf v) {  // to nearest, ties to even (the rounding mode's default), as torch.round
