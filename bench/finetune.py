@@ -19,7 +19,8 @@ Contenders:
 - encoderkit: `encoderkit finetune`'s recipe with length-grouped batches (the recipe's default for SST-2 and CoNLL),
   unpadded training, its linear layers' products (forward and both gradients) in fp32 on oneDNN (MKL on Intel CPUs,
   where it is the faster one)
-  (modeling/training_linear.py);
+  (modeling/training_linear.py), dropout masks drawn and applied by the native library (modeling/dropout.py), and
+  for SST-2's classifier on [CLS] a last layer that computes one row a sequence past its attention;
 - encoderkit, random batches: no length grouping (the batches transformers' default draws, and the recipe's default
   for QA), unpadded; attention runs on groups of similar length inside each batch;
 - encoderkit bf16 autocast: length-grouped; only where the CPU has native bf16 (otherwise recorded as skipped).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -203,19 +204,58 @@ def test_fill_mask_refuses_a_model_without_mlm_head(minilm_dir) -> None:
 
 
 @pytest.mark.parametrize("max_norm", [0.5, 50.0])  # below and above the gradients' norm
-def test_clip_gradients_equals_torch_clip_grad_norm(max_norm) -> None:
+@pytest.mark.parametrize("library", ["native", "torch"])
+def test_clip_gradients_equals_torch_clip_grad_norm(max_norm, library, monkeypatch) -> None:
+    from encoderkit import native
     from encoderkit.training.trainer import clip_gradients
 
+    if library == "torch":
+        monkeypatch.setattr(native, "library", lambda: None)
+    elif native.library() is None:
+        pytest.skip(f"no native library: {native.status()}")
     generator = torch.Generator().manual_seed(0)
-    ours = [torch.nn.Parameter(torch.zeros(n)) for n in (7, 30)]
-    theirs = [torch.nn.Parameter(torch.zeros(n)) for n in (7, 30)]
+    sizes = (7, 30, 70_001)  # the last one cut into pieces shared by the threads
+    ours = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+    theirs = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
     for a, b in zip(ours, theirs):
-        a.grad = torch.randn(a.shape, generator=generator)
+        a.grad = torch.randn(a.shape, generator=generator) / 40
         b.grad = a.grad.clone()
     unused = torch.nn.Parameter(torch.zeros(3))  # no gradient: skipped, as torch does
+    exact = math.sqrt(sum(float((a.grad.double() ** 2).sum()) for a in ours))  # float64 reference
     norm = clip_gradients(iter(ours + [unused]), max_norm)
     expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
-    assert norm == float(expected)
+    assert norm == pytest.approx(exact, rel=1e-6) and norm == pytest.approx(float(expected), rel=1e-6)
     assert (norm > max_norm) == (max_norm == 0.5)
     for a, b in zip(ours, theirs):
-        assert torch.equal(a.grad, b.grad)
+        assert torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0)
+
+
+def test_clipping_inside_fused_adamw_steps_like_clipping_first() -> None:
+    """With a fused AdamW the clipping coefficient goes to the optimizer's kernel (``grad_scale``) instead of a pass
+    over the gradients: the parameters after the step equal those of torch's clip then step, to fp32 rounding."""
+    from encoderkit.training.trainer import clip_gradients, scales_in_step
+
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(n, generator=generator) for n in (5, 300)]
+    grads = [torch.randn(n, generator=generator) * 3 for n in (5, 300)]
+    results = []
+    for ours in (True, False):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01, fused=True)
+        for _ in range(3):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            if ours:
+                assert scales_in_step(optimizer)
+                norm = clip_gradients(iter(params), 1.0, optimizer)
+                assert norm > 1.0 and float(optimizer.grad_scale) == pytest.approx(norm + 1e-6)
+                assert torch.equal(params[1].grad, grads[1])  # no pass over the gradients
+                optimizer.step()
+                del optimizer.grad_scale
+            else:
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+        results.append([p.detach().clone() for p in params])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not scales_in_step(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))]))  # the foreach loop

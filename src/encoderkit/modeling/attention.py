@@ -228,9 +228,10 @@ class SelfAttention(nn.Module):
     fused_projection: nn.Module | None = None  # set by ``for_inference``: the three projections pre-packed as one
 
     def forward(self, x: torch.Tensor, context: AttentionContext, residual: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The attention output of (rows, hidden) ``x``, plus ``residual`` when given (a post-norm layer's
-        residual add without dropout, run inside the output projection's kernel for inference)."""
+        residual add without dropout, run inside the output projection's kernel for inference). ``keep``: the
+        output projection runs on these rows only (every row is a key and value); ``residual`` is theirs."""
         qkv = self.project(x)
         packing = context.packing
         hidden = self.num_heads * self.head_dim
@@ -254,6 +255,8 @@ class SelfAttention(nn.Module):
                 outputs.append(out.reshape(group.count, group.length, hidden))
         if not in_place:
             rows = packing.from_grids(outputs) if outputs else x.new_zeros(0, hidden)
+        if keep is not None:
+            rows = rows.index_select(0, keep)
         if residual is None:
             return self.output(rows), probs
         return plus_product(residual, self.output, rows), probs

@@ -111,15 +111,20 @@ class EncoderLayer(nn.Module):
                 inner = self.activation(inner)
         return plus_product(residual, self.ffn_out, self.inner_dropout(inner), self.output_dropout)
 
-    def forward(self, x: torch.Tensor, context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, context: AttentionContext, keep: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer on (rows, hidden) ``x``. ``keep``: only these rows' outputs are wanted. Every row is still a
+        key and value of the attention; from the attention's output projection on, only these rows are computed."""
         if self.pre_norm:
-            attended, probs = self.attention(self.attention_norm(x), context)
+            attended, probs = self.attention(self.attention_norm(x), context, keep=keep)
+            x = x if keep is None else x.index_select(0, keep)
             x = x + self.attention_dropout(attended).to(x.dtype)
             return self.mlp(self.ffn_norm(x), x), probs
         # Without dropout the attention adds its input itself (into its output projection's kernel if it can).
-        attended, probs = self.attention(x, context, residual=None if self.training else x)
+        residual = x if keep is None else x.index_select(0, keep)
+        attended, probs = self.attention(x, context, residual=None if self.training else residual, keep=keep)
         if self.training:
-            attended = x + self.attention_dropout(attended).to(x.dtype)
+            attended = residual + self.attention_dropout(attended).to(x.dtype)
         x = self.attention_norm(attended)
         return self.ffn_norm(self.mlp(x, x)), probs
 
@@ -219,16 +224,20 @@ class EncoderModel(nn.Module):
 
     def run(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None,
             packing: Packing, output_hidden_states: bool = False, output_attentions: bool = False,
-            score_parts: list[dict[str, torch.Tensor]] | None = None,
+            score_parts: list[dict[str, torch.Tensor]] | None = None, keep: torch.Tensor | None = None,
             ) -> tuple[torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor] | None]:
         """The one forward of every family, on (tokens,) ids laid out by ``packing``: the final (tokens, hidden)
-        states, and each layer's states and attention probabilities when asked for."""
+        states, and each layer's states and attention probabilities when asked for. ``keep`` (not with hidden
+        states): only these rows' final states are wanted, and returned, (len(keep), hidden); the last layer
+        computes only them past its attention (a classifier on [CLS] needs one row a sequence)."""
+        if keep is not None and output_hidden_states:
+            raise InputError("keep= returns some rows' final states; it cannot return every layer's states too")
         if not (output_hidden_states or output_attentions or score_parts is not None):
             # few tokens, fp32 inference of a post-norm family: the whole forward in one native call
             # (``encoderkit.native``; a kernel switch, the same layers)
             native = native_forward(self, input_ids, token_type_ids, position_ids, packing)
             if native is not None:
-                return native, None, None
+                return (native if keep is None else native.index_select(0, keep)), None, None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         context = AttentionContext(packing, output_attentions, self.rotary,
                                    None if self.relative is None else self.relative(), score_parts,
@@ -236,14 +245,19 @@ class EncoderModel(nn.Module):
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         embedded = x
-        for depth, index in enumerate(self.layer_schedule()):
-            x, probs = self.layers[index](x, context)
+        schedule = self.layer_schedule()
+        # DeBERTa's convolution adds to the first layer's output at every row: then the rows are chosen after it
+        last_keep = keep if keep is not None and not (len(schedule) == 1 and self.conv is not None) else None
+        for depth, index in enumerate(schedule):
+            x, probs = self.layers[index](x, context, keep=last_keep if depth == len(schedule) - 1 else None)
             if depth == 0 and self.conv is not None:
                 x = self.conv(embedded, x, packing)
             if hidden_states is not None:
                 hidden_states.append(x)
             if attentions is not None:
                 attentions.append(probs)
+        if keep is not None and last_keep is None:
+            x = x.index_select(0, keep)
         if self.final_norm is not None:
             x = self.final_norm(x)
             if hidden_states is not None:
@@ -261,11 +275,14 @@ class EncoderModel(nn.Module):
         *,
         attention_bias: torch.Tensor | None = None,
         output_score_parts: bool = False,
+        first_only: bool = False,
     ) -> EncoderOutput:
         """A padded (batch, length) batch. ``attention_bias``: an optional additive mask of shape (batch or 1,
         heads or 1, queries, keys), added to the padding mask in every layer (e.g. ``attention.causal_bias``).
         ``output_score_parts`` (with ``output_attentions``): each layer's score terms, c2c and, for DeBERTa,
-        c2p and p2c."""
+        c2p and p2c. ``first_only``: the caller reads position 0 alone (a classifier on [CLS]): where the batch is
+        padded on the right and no layer's states are asked for, ``last_hidden_state`` is (batch, 1, hidden), and
+        the last layer computes one row a sequence past its attention."""
         batch, length = input_ids.shape
         self.check_length(length)
         dtype = self.embeddings.word.weight.dtype
@@ -283,8 +300,12 @@ class EncoderModel(nn.Module):
             position_ids = self.embeddings.position_ids(input_ids)
         rows = [None if t is None else packing.unpad(t) for t in (input_ids, token_type_ids, position_ids)]
         parts: list[dict[str, torch.Tensor]] | None = [] if output_score_parts and output_attentions else None
-        x, hidden_states, attentions = self.run(*rows, packing, output_hidden_states, output_attentions, parts)
-        x = packing.pad(x)
+        first_rows = packing.cu_seqlens[:-1] if (
+            first_only and not output_hidden_states and not self.traceable
+            and (attention_mask is None or bool(attention_mask[:, 0].all()))) else None
+        x, hidden_states, attentions = self.run(*rows, packing, output_hidden_states, output_attentions, parts,
+                                                keep=first_rows)
+        x = packing.pad(x) if first_rows is None else x[:, None]
         if hidden_states is not None:
             hidden_states = [packing.pad(h) for h in hidden_states]
         return EncoderOutput(
