@@ -355,20 +355,38 @@ def main() -> None:
 
 def record_trial(trial: dict[str, Any]) -> None:
     """A bounded run (``--epochs`` below one: the schedule is that of the shorter run, warm-up and decay included)
-    is kept under "trials" in finetune.json, beside the full-epoch results: the timing runs of issue 22. A rerun of
-    the same task, seed and epochs on a CPU of the same name replaces its earlier trial; another CPU's is kept."""
+    is kept under "trials" in finetune.json, beside the full-epoch results: the timing runs of issue 22. Each names
+    the code it ran (``code_version``). A rerun of the same task, seed and epochs on a CPU of the same name with the
+    same code replaces its earlier trial; other CPUs' and other code's are kept (before and after a change)."""
     path = RESULTS / "finetune.json"
     if not path.is_file():
         print(f"  (no {path} to keep the trial in)")
         return
     full = json.loads(path.read_text(encoding="utf-8"))
-    trial = {**trial, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    trial = {**trial, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "code": code_version()}
+
     def key(t: dict[str, Any]) -> tuple:
-        return t["task"], t["seed"], t["epochs"], t.get("machine", {}).get("cpu")
+        return t["task"], t["seed"], t["epochs"], t.get("machine", {}).get("cpu"), t.get("code")
 
     full["trials"] = [t for t in full.get("trials", []) if key(t) != key(trial)] + [trial]
     path.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
     print(f"  trial kept in {path}")
+
+
+def code_version() -> str:
+    """The commit this checkout is at, "+changes" where src/ differs from it (git's short hash; "" without git)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    return commit + ("+changes" if commit and git("status", "--porcelain", "--", "src") else "")
 
 
 def _key(task: dict[str, Any]) -> tuple[str, int]:
@@ -464,7 +482,7 @@ def _render_trials(trials: list[dict[str, Any]], full_rates: dict[tuple[str, str
              _machine({"benchmark": "finetune", **trials[-1]}), ""]
     rows = []
     for trial in sorted(trials, key=lambda t: (list(TASK_TITLES).index(t["task"]) if t["task"] in TASK_TITLES else 99,
-                                                t["epochs"], t["seed"])):
+                                                t["epochs"], t["seed"], t["date"])):
         scale = 1.0 if trial["task"] == "squad" else 100.0
         by_name = {row["contender"]: row for row in trial["rows"]}
         reference = by_name.get("transformers-grouped")
@@ -473,16 +491,16 @@ def _render_trials(trials: list[dict[str, Any]], full_rates: dict[tuple[str, str
                 continue
             metric = trial["main_metric"]
             rows.append([trial["task"], f"{trial['epochs']:g} ({trial['steps']} steps)", str(trial["seed"]),
-                         f"{trial['machine']['cpu']}, {trial['date']}",
+                         f"{trial['machine']['cpu']}, {trial['date']}", trial.get("code") or "not recorded",
                          row["contender"], f"{reference['examples_per_second']:,.1f}",
                          f"{row['examples_per_second']:,.1f}",
                          f"**{row['examples_per_second'] / reference['examples_per_second']:.2f}x**",
                          f"{scale * reference['metrics'][metric]:.2f}", f"{scale * row['metrics'][metric]:.2f}"])
             full = full_rates.get((trial["task"], trial["machine"]["cpu"]))  # on the same CPU only
             rows[-1].append(f"{100 * reference['examples_per_second'] / full:.0f}%" if full else "")
-    lines += _table(["task", "epochs", "seed", "CPU, date", "encoderkit contender", "grouped Trainer examples/s",
-                     "encoderkit examples/s", "speed vs grouped Trainer", "Trainer metric", "encoderkit metric",
-                     "grouped Trainer's rate / its full-epoch rate above (same CPU)"], rows)
+    lines += _table(["task", "epochs", "seed", "CPU, date", "code", "encoderkit contender",
+                     "grouped Trainer examples/s", "encoderkit examples/s", "speed vs grouped Trainer", "Trainer metric",
+                     "encoderkit metric", "grouped Trainer's rate / its full-epoch rate above (same CPU)"], rows)
     loads = [f"{t['task']} {t['load_average_1min']['before']:.1f} -> {t['load_average_1min']['after']:.1f}"
              for t in trials if "load_average_1min" in t]
     return lines + ["", "Metrics: SST-2 accuracy x100, CoNLL entity F1 x100, SQuAD F1. The last column compares the "

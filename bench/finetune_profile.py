@@ -222,7 +222,7 @@ def render(r: dict[str, Any]) -> list[str]:
                          f"**{theirs['step'] / row['step']:.2f}x**"]
                         + [f"{kinds[k] * 1e3:.1f}" for k in KINDS]
                         + [f"{theirs['step'] / kinds[KINDS[0]]:.2f}x" if row is ours else ""])
-    return lines + _table(["task", "tokens a batch (padded)", "step", "ms a step", "forward / backward / clip / "
+    return lines + _table(["task", "tokens a batch (padded)", "contender", "ms a step", "forward / backward / clip / "
                            "optimizer + zero_grad", "Trainer's step / this one's"] + list(KINDS)
                           + ["Trainer's step / encoderkit's linear products"], rows) + [""]
 
