@@ -6,11 +6,11 @@ took 13% of the step (bench/finetune.py's step profile, in the same run as trans
 same). On SQuAD the attention probabilities of a batch of 16 windows of 384 tokens are 28 million elements a layer.
 
 Here, where encoderkit's native library is built (``encoderkit.native``, ``training.cpp``), the mask of element i is
-a function of a seed and i alone: 16 bits of a Philox4x32-10 block (Salmon et al., SC 2011; the generator torch and
-JAX use on GPUs; training.cpp says which bits), drawn and applied in one pass on torch's threads. No mask is stored:
-the backward pass draws it again from the seed. Measured on those 28 million elements (Intel Xeon, Cascade Lake, 2
-threads), forward and backward: 51 ms, against 132 ms with numpy masks (below) and 319 ms with torch's dropout; on
-SST-2's (438, 1536) MLP states 1.6 ms against 3.5 and 7.8.
+a function of a seed and i alone: 16 bits of a Philox4x32-10 block (Salmon et al., SC 2011; the generator of
+torch's CUDA kernels; training.cpp says which bits), drawn and applied in one pass on torch's threads. No mask is
+stored: the backward pass draws it again from the seed. Measured on those 28 million elements (Intel Xeon, Cascade
+Lake, 2 threads), forward and backward: 51 ms, against 132 ms with numpy masks (below) and 319 ms with torch's
+dropout; on SST-2's (438, 1536) MLP states 1.6 ms against 3.5 and 7.8.
 
 Without the native library, each mask comes from numpy's PCG64 generator, four elements from one 64-bit draw, and is
 kept for the backward pass.
