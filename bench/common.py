@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,6 +97,15 @@ def save_loss_plot(figure: Any, axis: Any, path: Path, legend_size: float | None
     figure.savefig(path)
     plt.close(figure)
     return path
+
+
+def source_revision(src: Path) -> str:
+    """The commit a src/ directory is checked out at (with ``+dirty`` if it has uncommitted changes)."""
+    def run(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = run("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+dirty" if run("status", "--porcelain", "--", ".") else "")
 
 
 def write_result(name: str, data: dict[str, Any], benchmark: str | None = None) -> Path:

@@ -53,7 +53,8 @@ from typing import Any
 
 import torch
 
-from common import RESULTS, SHARED, machine, require, sst2_rows, write_result, write_tsv
+from common import (RESULTS, ROOT, SHARED, machine, require, source_revision, sst2_rows, write_result,
+                    write_tsv)
 from turns import Contender, TrainerPlayer, serve_player, take_turns, transformers_turns
 
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
@@ -356,15 +357,16 @@ def main() -> None:
 def record_trial(trial: dict[str, Any]) -> None:
     """A bounded run (``--epochs`` below one: the schedule is that of the shorter run, warm-up and decay included)
     is kept under "trials" in finetune.json, beside the full-epoch results: the timing runs of issue 22. Each names
-    the code it ran (``code_version``). A rerun of the same task, seed and epochs on a CPU of the same name with the
-    same code replaces its earlier trial; other CPUs' and other code's are kept (before and after a change)."""
+    the code it ran (``source_revision``: the commit, "+dirty" where src/ differs from it). A rerun of the same task,
+    seed and epochs on a CPU of the same name with the same code replaces its earlier trial; other CPUs' and other
+    code's are kept (before and after a change)."""
     path = RESULTS / "finetune.json"
     if not path.is_file():
         print(f"  (no {path} to keep the trial in)")
         return
     full = json.loads(path.read_text(encoding="utf-8"))
     trial = {**trial, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-             "code": code_version()}
+             "code": source_revision(ROOT / "src")}
 
     def key(t: dict[str, Any]) -> tuple:
         return t["task"], t["seed"], t["epochs"], t.get("machine", {}).get("cpu"), t.get("code")
@@ -372,21 +374,6 @@ def record_trial(trial: dict[str, Any]) -> None:
     full["trials"] = [t for t in full.get("trials", []) if key(t) != key(trial)] + [trial]
     path.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
     print(f"  trial kept in {path}")
-
-
-def code_version() -> str:
-    """The commit this checkout is at, "+changes" where src/ differs from it (git's short hash; "" without git)."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True, text=True,
-                                  timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    commit = git("rev-parse", "--short", "HEAD")
-    return commit + ("+changes" if commit and git("status", "--porcelain", "--", "src") else "")
 
 
 def _key(task: dict[str, Any]) -> tuple[str, int]:

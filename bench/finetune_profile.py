@@ -120,7 +120,7 @@ def contenders(task: str, work: Path, batches_wanted: int) -> tuple[list[Contend
     import finetune as bench
 
     from encoderkit.memory import keep_freed_memory
-    from encoderkit.training.trainer import clip_gradients
+    from encoderkit.training.trainer import clip_gradients, optimizer_step
 
     setup = bench.prepare(task, work / "ek", group_by_length=True)
     trainer = setup.trainer
@@ -128,15 +128,9 @@ def contenders(task: str, work: Path, batches_wanted: int) -> tuple[list[Contend
     batches = [trainer._next_micro_batch() for _ in range(SKIPPED + batches_wanted + 2)][SKIPPED:]
     ours = trainer.model.train()
     optimizer = trainer.optimizer
-
-    def our_step() -> None:
-        try:
-            optimizer.step()
-        finally:
-            optimizer.__dict__.pop("grad_scale", None)
-
     encoderkit = Contender("encoderkit", lambda b: trainer.ddp_model(**b, **trainer.forward_kwargs).loss.float(),
-                           lambda: clip_gradients(ours.parameters(), 1.0, optimizer), our_step,
+                           lambda: clip_gradients(ours.parameters(), 1.0, optimizer),
+                           lambda: optimizer_step(optimizer),
                            lambda: optimizer.zero_grad(set_to_none=True))
     hf, _, _ = bench.hf_trainer(task, setup, "group_by_length", work / "hf")
     theirs = hf.model.train()
@@ -206,11 +200,12 @@ def render(r: dict[str, Any]) -> list[str]:
              "The same batches through the step of transformers' Trainer (forward, backward, `clip_grad_norm_`, its "
              "fused AdamW, `zero_grad`) and `encoderkit.training.Trainer.train_step`'s, all-MiniLM-L6-v2, fp32, "
              f"{r['threads']} threads. Phases: medians over interleaved rounds, ms a step. Kinds: as many profiled "
-             "rounds each, interleaved, medians of the operations' own times sorted by kind (an operation inside the optimizer, the gradient norm, "
-             "dropout or the embedding's gradient counts there); \"outside any operation\" is the rest of the wall "
-             "time (Python, dispatch, native calls outside autograd: encoderkit's gradient norm). The profiler's own "
-             "cost inflates the kinds of the side with more operations. The last column: the Trainer's step over "
-             "encoderkit's linear products alone, the speed-up if encoderkit did nothing else.", ""]
+             "rounds each, interleaved, medians of the operations' own times sorted by kind (an operation inside the "
+             "optimizer, the gradient norm, dropout or the embedding's gradient counts there); \"outside any "
+             "operation\" is the rest of the wall time (Python, dispatch, native calls outside autograd: encoderkit's "
+             "gradient norm). The profiler's own cost inflates the kinds of the side with more operations. The last "
+             "column: the Trainer's step over encoderkit's linear products alone, the speed-up if encoderkit did "
+             "nothing else.", ""]
     rows = []
     for task in r["tasks"]:
         theirs, ours = task["rows"]

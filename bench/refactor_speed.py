@@ -140,15 +140,6 @@ def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def source_revision(src: Path) -> str:
-    """The commit a src/ directory is checked out at (with ``+dirty`` if it has uncommitted changes)."""
-    def run(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True).stdout.strip()
-
-    commit = run("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+dirty" if run("status", "--porcelain", "--", ".") else "")
-
-
 @contextlib.contextmanager
 def before_source(args: argparse.Namespace) -> Iterator[Path]:
     """``--before-src``, or the src/ of a temporary detached worktree of ``--before-rev``, removed afterwards."""
@@ -201,7 +192,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from common import ROOT, SHARED, median, require, widened, write_result
+    from common import ROOT, SHARED, median, require, source_revision, widened, write_result
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
     sentences = require((Path(args.shared) if args.shared else SHARED) / "bench" / "sentences.txt")

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..distributed import world_and_rank
 from ..errors import EncoderkitError, InputError
+from .. import native
 from ..memory import keep_freed_memory
 from ..modeling.training_linear import for_training
 from ..progress import Progress
@@ -158,8 +159,6 @@ def gradient_norm(grads: list[torch.Tensor]) -> float:
     otherwise. On all-MiniLM-L6-v2's gradients (Intel Xeon, 2 threads): 6.5 ms against torch's 14.6, and closer to
     the float64 norm (relative error 6e-9 against torch's 2.4e-4, which loses precision summing the 11.7 million
     elements of the word table in fp32)."""
-    from .. import native
-
     if grads and all(g.device.type == "cpu" and g.dtype == torch.float32 and g.layout == torch.strided
                      and g.is_contiguous() for g in grads):
         squares = native.sum_of_squares(grads)
@@ -180,8 +179,8 @@ def clip_gradients(parameters: Iterator[nn.Parameter], max_norm: float,
     total norm is over ``max_norm``, by torch's coefficient max_norm / (norm + 1e-6) (the same gradients either way;
     torch scales every one, each step, so that the GPU need not wait for the norm). Returns the total norm before
     clipping. With a fused Adam(W) ``optimizer`` (``scales_in_step``) the gradients are left as they are and the
-    optimizer's next step divides them by the inverse of the coefficient (``optimizer.grad_scale``, which the caller
-    removes after that step): one pass over the gradients less, the same steps to fp32 rounding."""
+    optimizer's next step divides them by the inverse of the coefficient (``optimizer.grad_scale``; take that step
+    with ``optimizer_step``, which removes it): one pass over the gradients less, the same steps to fp32 rounding."""
     with_grads = [p for p in parameters if p.grad is not None]
     if not with_grads:
         return 0.0
@@ -193,6 +192,14 @@ def clip_gradients(parameters: Iterator[nn.Parameter], max_norm: float,
         else:
             torch.nn.utils.clip_grads_with_norm_(with_grads, max_norm, torch.tensor(total))
     return total
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()``, then the clipping scale ``clip_gradients`` handed it removed (it was for this step)."""
+    try:
+        optimizer.step()
+    finally:
+        optimizer.__dict__.pop("grad_scale", None)
 
 
 def length_grouped(order: np.ndarray, lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
@@ -498,10 +505,7 @@ class Trainer:
         record.update({name: self._all_reduce_sum(value) for name, value in part_sums.items()})
         if config.max_grad_norm:
             record["grad_norm"] = clip_gradients(self.model.parameters(), config.max_grad_norm, self.optimizer)
-        try:
-            self.optimizer.step()
-        finally:
-            self.optimizer.__dict__.pop("grad_scale", None)  # clip_gradients' scale was for this step alone
+        optimizer_step(self.optimizer)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
