@@ -4,7 +4,7 @@ Both take the same batches: bench/finetune.py's features in encoderkit's length-
 of the epoch: the first ones of a grouped order hold its longest examples), padded to their longest as both
 collators pad. transformers' step is the Trainer's: the model's forward and backward, ``clip_grad_norm_`` (1.0),
 the optimizer ``Trainer.create_optimizer`` makes (fused AdamW, its decay groups), ``zero_grad``. encoderkit's is
-``Trainer.train_step``'s: forward, backward, ``clip_gradients`` (its scale folded into the fused AdamW's kernel),
+``Trainer.train_step``'s: the word table's kept gradient attached (``EmbeddingRows``), forward, backward, ``clip_gradients`` (its scale folded into the fused AdamW's kernel),
 step, ``zero_grad``. Each phase is timed with ``perf_counter`` in interleaved rounds (medians of the rounds'
 per-step means); then as many profiled rounds each, interleaved, whose operations' own times are sorted into kinds
 (medians of the rounds), an operation inside a dropout, the optimizer, the gradient norm or the embedding's
@@ -128,7 +128,12 @@ def contenders(task: str, work: Path, batches_wanted: int) -> tuple[list[Contend
     batches = [trainer._next_micro_batch() for _ in range(SKIPPED + batches_wanted + 2)][SKIPPED:]
     ours = trainer.model.train()
     optimizer = trainer.optimizer
-    encoderkit = Contender("encoderkit", lambda b: trainer.ddp_model(**b, **trainer.forward_kwargs).loss.float(),
+
+    def forward(batch: dict) -> torch.Tensor:  # as Trainer.train_step: the word table's kept gradient first
+        trainer.embedding_rows.attach()
+        return trainer.ddp_model(**batch, **trainer.forward_kwargs).loss.float()
+
+    encoderkit = Contender("encoderkit", forward,
                            lambda: clip_gradients(ours.parameters(), 1.0, optimizer),
                            lambda: optimizer_step(optimizer),
                            lambda: optimizer.zero_grad(set_to_none=True))

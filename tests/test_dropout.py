@@ -158,8 +158,9 @@ def test_eval_mode_zero_and_one_and_the_module() -> None:
 
 
 def test_training_attention_with_dropout_equals_sdpa_when_nothing_is_dropped(monkeypatch) -> None:
-    """In training with attention dropout on the CPU, attention runs the explicit products with this dropout;
-    with a dropout that keeps everything it must equal SDPA's attention."""
+    """In training with attention dropout on the CPU, attention runs the explicit products with this dropout (where
+    the native training kernel does not: test_training_kernels.py); with a dropout that keeps everything it must
+    equal SDPA's attention."""
     from encoderkit.config import EncoderConfig
     from encoderkit.modeling import Encoder
 
@@ -177,6 +178,7 @@ def test_training_attention_with_dropout_equals_sdpa_when_nothing_is_dropped(mon
         return x
 
     monkeypatch.setattr(attention_module, "dropout", keep_all)
+    monkeypatch.setattr(attention_module.SelfAttention, "training_attention", lambda *args, **kwargs: None)
     explicit = model(ids, mask).last_hidden_state
     assert calls == [0.1, 0.1]  # one per layer: the explicit path ran
     monkeypatch.setattr(attention_module, "dropout", dropout)

@@ -8,7 +8,9 @@ The projections run on the (tokens, hidden) rows; the attention product runs on 
   column, with a global and a local theta), or disentangled relative scores (DeBERTa: c2p and p2c);
 - the span: full attention, or a symmetric sliding window computed block by block, so memory grows linearly
   with length (ModernBERT's local layers);
-- the kernel: torch SDPA, or an explicit product that also returns the probabilities (attention maps).
+- the kernel: torch SDPA, an explicit product that also returns the probabilities (attention maps), or, training
+  on the CPU, ``_TrainingAttention`` (full attention with the dropout of ``modeling.dropout``: one autograd function
+  around the products, the softmax, mask and dropout in one native pass each way).
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .. import native
 from ..config import EncoderConfig
 from ..errors import InputError
-from .dropout import dropout, own_masks
+from .dropout import draw_mask, dropout, own_masks
 from .inference import plus_product
 from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
@@ -175,6 +178,61 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask:
 
 
 # ---------------------------------------------------------------------------------------------
+# Training on the CPU: one group's attention in one autograd function
+# ---------------------------------------------------------------------------------------------
+class _TrainingAttention(torch.autograd.Function):
+    """Full attention of one group's (count, length, 3 x heads x d) grid of query, key and value rows, with dropout on
+    the probabilities; the output is (count, heads, length, d).
+
+    What autograd would record as about twenty operations a layer (the head split's copies, the scale, the mask,
+    softmax, dropout, the products, and each one's backward) is here: one copy of q, k and v into head-major order,
+    the two products, and between them one native pass (``ek_attention_probs``: the scale, the padding mask as each
+    sequence's count of real keys, softmax, and the dropout mask of ``modeling.dropout``, drawn from a seed); the
+    backward pass is the four products and one native pass (``ek_attention_probs_backward``: the mask drawn again,
+    softmax's gradient, the scale), the gradients written straight into one buffer in the grid's layout. The
+    probabilities and their dropped copy are kept for the backward pass, as autograd keeps them."""
+
+    @staticmethod
+    def forward(ctx, grid: torch.Tensor, valid: torch.Tensor | None, heads: int, scale: float,
+                mask: tuple[int, int, float]) -> torch.Tensor:
+        count, length, width = grid.shape
+        dim = width // (3 * heads)
+        batch = count * heads
+        qkv = grid.view(count, length, 3, heads, dim).permute(2, 0, 3, 1, 4).contiguous()
+        q, k, v = (part.view(batch, length, dim) for part in qkv.unbind(0))
+        probs = torch.bmm(q, k.transpose(1, 2))  # raw scores, overwritten with the probabilities
+        seed, dropped, keep_scale = mask
+        weights = torch.empty_like(probs) if dropped else probs
+        native.library().ek_attention_probs(
+            probs.data_ptr(), weights.data_ptr() if dropped else None, batch * length, length,
+            None if valid is None else valid.data_ptr(), heads * length, scale, seed, dropped, keep_scale,
+            torch.get_num_threads())
+        ctx.save_for_backward(qkv, probs, weights)
+        ctx.shape, ctx.scale, ctx.mask = (count, length, heads, dim), scale, mask
+        return torch.bmm(weights, v).view(count, heads, length, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        qkv, probs, weights = ctx.saved_tensors
+        count, length, heads, dim = ctx.shape
+        batch = count * heads
+        q, k, v = (part.view(batch, length, dim) for part in qkv.unbind(0))
+        grad = grad.contiguous().view(batch, length, dim)
+        grads = torch.empty_like(qkv)
+        grad_q, grad_k, grad_v = (part.view(batch, length, dim) for part in grads.unbind(0))
+        grad_scores = torch.bmm(grad, v.transpose(1, 2))  # of the dropped probabilities, then of the raw scores
+        torch.bmm(weights.transpose(1, 2), grad, out=grad_v)
+        seed, dropped, keep_scale = ctx.mask
+        native.library().ek_attention_probs_backward(probs.data_ptr(), grad_scores.data_ptr(), batch * length,
+                                                     length, ctx.scale, seed, dropped, keep_scale,
+                                                     torch.get_num_threads())
+        torch.bmm(grad_scores, k, out=grad_q)
+        torch.bmm(grad_scores.transpose(1, 2), q, out=grad_k)
+        grad_grid = grads.permute(1, 3, 0, 2, 4).reshape(count, length, 3 * heads * dim)
+        return grad_grid, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------
 # The module
 # ---------------------------------------------------------------------------------------------
 class SelfAttention(nn.Module):
@@ -242,9 +300,13 @@ class SelfAttention(nn.Module):
         rows = qkv.new_empty(qkv.shape[0], hidden) if in_place and not single else None
         outputs, probs = [], None
         for group, grid in zip(packing.groups, packing.to_grids(qkv)):
-            grid = grid.view(group.count, group.length, 3, self.num_heads, self.head_dim)
-            q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each (count, heads, length, head_dim)
-            out, probs = self.attend_grid(q, k, v, group, context)
+            mask = self.training_attention(grid, group, context)
+            if mask is not None:
+                out = _TrainingAttention.apply(grid, group.valid, self.num_heads, self.scale_or_default, mask)
+            else:
+                grid = grid.view(group.count, group.length, 3, self.num_heads, self.head_dim)
+                q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each (count, heads, length, head_dim)
+                out, probs = self.attend_grid(q, k, v, group, context)
             out = out.transpose(1, 2)
             if single:
                 rows = out.reshape(group.slots, hidden)  # a view: SDPA writes its output in this layout
@@ -260,6 +322,29 @@ class SelfAttention(nn.Module):
         if residual is None:
             return self.output(rows), probs
         return plus_product(residual, self.output, rows), probs
+
+    @property
+    def scale_or_default(self) -> float:
+        return self.scale if self.scaled else 1.0 / math.sqrt(self.head_dim)
+
+    def training_attention(self, grid: torch.Tensor, group: AttentionGroup,
+                           context: AttentionContext) -> tuple[int, int, float] | None:
+        """The dropout mask (seed, dropped count, scale of kept elements; see ``modeling.dropout``) where this group's
+        attention runs as ``_TrainingAttention``: training on the CPU in fp32 with the native library, full attention
+        with no position terms (not rotary, not DeBERTa's, no window over this length), no mask but the padding of
+        each sequence's last keys, no probabilities asked for. None: the general path below."""
+        if not (self.training and torch.is_grad_enabled() and grid.device.type == "cpu"
+                and grid.dtype == torch.float32 and native.library() is not None):
+            return None
+        if self.rotary_kind is not None or self.pos_att_type or context.return_probs or context.dense:
+            return None
+        if self.window_half is not None and group.length > self.window_half + 1:
+            return None
+        if (group.bias is not None and group.valid is None) or torch.compiler.is_compiling():
+            return None
+        if self.dropout_p == 0.0:
+            return 0, 0, 1.0
+        return draw_mask(self.dropout_p) if own_masks(grid.device, self.dropout_p) else None
 
     def attend_grid(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
                     context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -287,7 +372,7 @@ class SelfAttention(nn.Module):
         # the same steps, drawing its mask with torch's slower generator).
         if not context.return_probs and not own_masks(q.device, dropout_p):
             return sdpa(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale), None
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1.0 / math.sqrt(self.head_dim))
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale_or_default
         if context.score_parts is not None:  # the content and position terms of the scores, before the mask
             context.score_parts.append({"c2c": scores, **parts})
         if bias is not None:

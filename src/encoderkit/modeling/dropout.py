@@ -35,7 +35,7 @@ from .. import native
 LEVELS = 1 << 16  # the chance of a drop is a count of 1/65536ths
 
 
-def _draw(p: float) -> tuple[int, int, float]:
+def draw_mask(p: float) -> tuple[int, int, float]:
     """A seed from torch's default generator, the drop count on the 16-bit grid, and the scale of kept elements."""
     dropped = round(p * LEVELS)
     seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -45,7 +45,7 @@ def _draw(p: float) -> tuple[int, int, float]:
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[torch.Tensor, float]:
     """Without the native library: a boolean mask of ``shape`` keeping each element with chance
     1 - round(p * 65536) / 65536, from numpy's PCG64 (16 bits an element), and the scale that keeps the expectation."""
-    seed, dropped, scale = _draw(p)
+    seed, dropped, scale = draw_mask(p)
     count = math.prod(shape)
     words = np.random.PCG64(seed).random_raw((count + 3) // 4)
     bits = words.view(np.uint16)[:count]
@@ -111,9 +111,74 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if x.numel() == 0 or not own_masks(x.device, p):
         return F.dropout(x, p, training)
     if native.library() is not None:
-        return _Dropout.apply(x, *_draw(p))
+        return _Dropout.apply(x, *draw_mask(p))
     keep, scale = keep_mask(x.shape, p)
     return _Masked.apply(x, keep, scale)
+
+
+class _AddDropoutNorm(torch.autograd.Function):
+    """LayerNorm(residual + dropout(y)) in one native pass (``ek_add_dropout_norm``), and its gradient in one more:
+    the (rows, width) normalised rows and each row's 1 / standard deviation are kept, the mask drawn again."""
+
+    @staticmethod
+    def forward(ctx, residual: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                eps: float, mask: tuple[int, int, float]) -> torch.Tensor:
+        rows, width = residual.shape
+        out, normed = torch.empty_like(residual), torch.empty_like(residual)
+        rstd = residual.new_empty(rows)
+        seed, dropped, keep_scale = mask
+        native.library().ek_add_dropout_norm(
+            residual.data_ptr(), y.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+            out.data_ptr(), normed.data_ptr(), rstd.data_ptr(), rows, width, eps, seed, dropped, keep_scale,
+            torch.get_num_threads())
+        ctx.save_for_backward(normed, rstd, weight)
+        ctx.mask, ctx.has_bias = mask, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        normed, rstd, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        rows, width = grad.shape
+        grad_residual, grad_y = torch.empty_like(grad), torch.empty_like(grad)
+        grad_weight = weight.new_empty(width)
+        grad_bias = weight.new_empty(width) if ctx.has_bias else None
+        seed, dropped, keep_scale = ctx.mask
+        native.library().ek_add_dropout_norm_backward(
+            grad.data_ptr(), normed.data_ptr(), rstd.data_ptr(), weight.data_ptr(), grad_residual.data_ptr(),
+            grad_y.data_ptr(), grad_weight.data_ptr(), None if grad_bias is None else grad_bias.data_ptr(), rows,
+            width, seed, dropped, keep_scale, torch.get_num_threads())
+        return grad_residual, grad_y, grad_weight, grad_bias, None, None
+
+
+def _fused_mask(residual: torch.Tensor, y: torch.Tensor, dropout: nn.Module,
+                norm: nn.Module) -> tuple[int, int, float] | None:
+    """The mask for ``_AddDropoutNorm`` where it applies (training on the CPU in fp32, with gradients, an affine
+    LayerNorm over rows of a multiple of 16 values, the native library); None where ``add_norm`` takes torch's ops."""
+    if not (torch.is_grad_enabled() and type(norm) is nn.LayerNorm and norm.weight is not None
+            and residual.dim() == 2 and residual.shape == y.shape and residual.shape[1] % 16 == 0
+            and norm.normalized_shape == (residual.shape[1],)):
+        return None
+    tensors = (residual, y, norm.weight) + (() if norm.bias is None else (norm.bias,))
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+        return None
+    if torch.compiler.is_compiling() or native.library() is None:
+        return None
+    p = dropout.p if isinstance(dropout, nn.Dropout) and dropout.training else 0.0
+    if isinstance(dropout, nn.Dropout) and dropout.inplace:
+        return None
+    if p == 0.0:
+        return 0, 0, 1.0
+    return draw_mask(p) if own_masks(y.device, p) else None
+
+
+def add_norm(residual: torch.Tensor, y: torch.Tensor, dropout: nn.Module, norm: nn.Module) -> torch.Tensor:
+    """``norm(residual + dropout(y))``, a post-norm layer's sublayer output. In training on the CPU, with the native
+    library, one pass forward and one backward (``_AddDropoutNorm``; the mask as ``dropout`` draws it)."""
+    mask = _fused_mask(residual, y, dropout, norm) if norm.training else None
+    if mask is None:
+        return norm(residual + dropout(y).to(residual.dtype))
+    return _AddDropoutNorm.apply(residual, y, norm.weight, norm.bias, norm.eps, mask)
 
 
 class Dropout(nn.Dropout):
@@ -125,4 +190,4 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
-__all__ = ["Dropout", "dropout", "keep_mask", "native_keep_mask", "own_masks"]
+__all__ = ["Dropout", "add_norm", "draw_mask", "dropout", "keep_mask", "native_keep_mask", "own_masks"]

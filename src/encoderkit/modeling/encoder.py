@@ -20,7 +20,7 @@ from ..config import EncoderConfig
 from ..errors import InputError
 from ..native import native_forward
 from .attention import AttentionContext, RotaryTables, SelfAttention, check_attention_bias
-from .dropout import Dropout
+from .dropout import Dropout, add_norm
 from .embeddings import Embeddings
 from .inference import fused_product, plus_product
 from .packing import Packing
@@ -98,9 +98,9 @@ class EncoderLayer(nn.Module):
             self.attention_dropout = self.output_dropout = Dropout(config.hidden_dropout_prob)
             self.inner_dropout = nn.Identity()
 
-    def mlp(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual`` + the MLP of ``x``. For inference (``for_inference``) the activation and the residual
-        add run inside the products' kernels where they can (``fused_product``)."""
+    def inner(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP's hidden states of ``x``, after its activation (and inner dropout). For inference
+        (``for_inference``) the activation runs inside the product's kernel where it can (``fused_product``)."""
         inner = None if self.glu else fused_product(self.ffn_in, x, activation=self.activation.name)
         if inner is None:
             inner = self.ffn_in(x)
@@ -109,7 +109,11 @@ class EncoderLayer(nn.Module):
                 inner = self.activation(value) * gate
             else:
                 inner = self.activation(inner)
-        return plus_product(residual, self.ffn_out, self.inner_dropout(inner), self.output_dropout)
+        return self.inner_dropout(inner)
+
+    def mlp(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` + the MLP of ``x`` (the residual add inside the product's kernel for inference, where it can)."""
+        return plus_product(residual, self.ffn_out, self.inner(x), self.output_dropout)
 
     def forward(self, x: torch.Tensor, context: AttentionContext, keep: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -123,8 +127,9 @@ class EncoderLayer(nn.Module):
         # Without dropout the attention adds its input itself (into its output projection's kernel if it can).
         residual = x if keep is None else x.index_select(0, keep)
         attended, probs = self.attention(x, context, residual=None if self.training else residual, keep=keep)
-        if self.training:
-            attended = residual + self.attention_dropout(attended).to(x.dtype)
+        if self.training:  # LayerNorm(residual + dropout(...)): one native pass each way where it can
+            x = add_norm(residual, attended, self.attention_dropout, self.attention_norm)
+            return add_norm(x, self.ffn_out(self.inner(x)), self.output_dropout, self.ffn_norm), probs
         x = self.attention_norm(attended)
         return self.ffn_norm(self.mlp(x, x)), probs
 

@@ -106,6 +106,9 @@ class AttentionGroup:
     key_mask: torch.Tensor | None  # (count, length) bool, True for real tokens; None when none is padding
     bias: torch.Tensor | None  # (count or 1, 1 or heads, length or 1, length) additive mask; None: nothing masked
     start: int = 0  # the group's first slot in the concatenated grids (= its first row when rows are the grids)
+    # (count,) int64: how many keys of each sequence are real, its first ones, where ``bias`` masks exactly the
+    # others (and nothing else); None where nothing is masked or the bias is more than that
+    valid: torch.Tensor | None = None
 
     @property
     def slots(self) -> int:
@@ -182,7 +185,9 @@ class Packing:
             # Padding slots point at the sequence's first token: finite values, masked as keys, outputs unused.
             rows = starts[members][:, None] + np.where(grid_real, within[None, :], 0)
             key_mask = None if bool(grid_real.all()) else torch.as_tensor(grid_real, device=device)
-            groups.append(AttentionGroup(len(members), longest, key_mask, padding_bias(key_mask, mask_dtype), start))
+            valid = None if key_mask is None else as_tensor(lengths[members])
+            groups.append(AttentionGroup(len(members), longest, key_mask, padding_bias(key_mask, mask_dtype), start,
+                                         valid))
             slot_rows.append(rows.reshape(-1))
             real_slots.append(start + np.flatnonzero(grid_real))
             start += rows.size
@@ -219,8 +224,12 @@ class Packing:
         mask = attention_mask.to(torch.bool)
         key_mask = mask if traceable or not bool(mask.all()) else None
         bias = combine_biases(padding_bias(key_mask, dtype), extra_bias)
-        group = AttentionGroup(batch, length, key_mask, bias)
         lengths = mask.sum(1)
+        valid = None
+        if key_mask is not None and extra_bias is None and not traceable:
+            prefix = torch.arange(length, device=mask.device)[None, :] < lengths[:, None]
+            valid = lengths if bool(torch.equal(prefix, mask)) else None  # right padding: each row's first keys
+        group = AttentionGroup(batch, length, key_mask, bias, valid=valid)
         positions = torch.arange(length, device=mask.device).repeat(batch)
         return cls(lengths, torch.arange(batch + 1, device=mask.device) * length, positions,
                    torch.arange(batch, device=mask.device).repeat_interleave(length), [group], None,

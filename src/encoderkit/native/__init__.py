@@ -24,8 +24,10 @@ ELECTRA; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReL
 ``MAX_TOKENS`` tokens packed in row order (int8: at most ``INT8_MAX_TOKENS``, each sequence at most
 ``INT8_MAX_LENGTH``). Everything else runs the PyTorch layers as before.
 
-The same library holds two kernels of the training step (``training.cpp``): dropout (Philox4x32-10 masks drawn and
-applied in one pass, drawn again for the backward pass; ``modeling.dropout``) and the gradients' total norm
+The same library holds kernels of the training step (``training.cpp``): dropout (Philox4x32-10 masks drawn and
+applied in one pass, drawn again for the backward pass; ``modeling.dropout``), attention's probabilities (softmax and
+that dropout in one pass, and their gradient; ``modeling.attention``), a post-norm layer's residual add, dropout and
+LayerNorm in one pass, and its gradient (``modeling.dropout.add_norm``), and the gradients' total norm
 (``gradient_norm``).
 
 Built at first use with the machine's C++ compiler (``g++``, or ``$CXX``) for the CPU it runs on (``-march=native``)
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 # The library: the encoder kernel, and kernels of the training step (dropout, the gradients' norm).
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_batch.cpp", "training.cpp"))
+HEADERS = (Path(__file__).with_name("vector_math.h"),)  # included by both; part of the build's hash
 # Batches of at most this many tokens take the native kernel. Measured on all-MiniLM-L6-v2 (Intel Xeon, Cascade Lake,
 # AVX-512, 2 threads; Engine.encode_tokens, interleaved, p50), native against the PyTorch layers: one sequence of
 # 32 tokens 8.7 against 12.5 ms, of 64 tokens 17.0 against 19.7 ms, four of 16 14.7 against 20.2 ms. Its attention
@@ -82,7 +85,7 @@ def _compiler() -> str | None:
 def _build(compiler: str) -> Path:
     from ..precision import cpu_flags
 
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     extra = os.environ.get("ENCODERKIT_NATIVE_FLAGS", "").split()  # e.g. -mno-avx512f: the 256-bit build
     key = hashlib.sha256(source + version.encode() + " ".join(sorted(cpu_flags()) + extra).encode()).hexdigest()[:16]
@@ -145,6 +148,18 @@ def library() -> ctypes.CDLL | None:
         lib.ek_dropout_mask.restype = None
         lib.ek_sum_squares.argtypes = [pointer, pointer, integer, integer]
         lib.ek_sum_squares.restype = ctypes.c_double
+        lib.ek_attention_probs.argtypes = [pointer, pointer, int64, int64, pointer, int64, ctypes.c_float, uint64,
+                                           ctypes.c_uint32, ctypes.c_float, integer]
+        lib.ek_attention_probs.restype = None
+        lib.ek_attention_probs_backward.argtypes = [pointer, pointer, int64, int64, ctypes.c_float, uint64,
+                                                    ctypes.c_uint32, ctypes.c_float, integer]
+        lib.ek_attention_probs_backward.restype = None
+        lib.ek_add_dropout_norm.argtypes = [pointer] * 7 + [int64, int64, ctypes.c_float, uint64, ctypes.c_uint32,
+                                                             ctypes.c_float, integer]
+        lib.ek_add_dropout_norm.restype = None
+        lib.ek_add_dropout_norm_backward.argtypes = [pointer] * 8 + [int64, int64, uint64, ctypes.c_uint32,
+                                                                      ctypes.c_float, integer]
+        lib.ek_add_dropout_norm_backward.restype = None
         _library = lib
         return lib
 

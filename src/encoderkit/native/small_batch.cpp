@@ -20,16 +20,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
-#ifdef __AVX512F__
-#define VW 16
-#else
-#define VW 8
-#endif
-
-typedef float vf __attribute__((vector_size(VW * 4)));
-typedef float vfu __attribute__((vector_size(VW * 4), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(VW * 4)));
-typedef int32_t viu __attribute__((vector_size(VW * 4), aligned(1)));
+#include "vector_math.h"
 
 // int8 products: uint8 activations times int8 weights, four pairs summed into each 32-bit lane exactly
 // (vpdpbusd: AVX512-VNNI, or AVX-VNNI on 256-bit vectors). Without these instructions the int8 layers run PyTorch's
@@ -45,47 +36,6 @@ static inline vi dpbusd(vi acc, vi a, vi b) {
 #else
 #define EK_INT8 0
 #endif
-
-static inline vf splat(float a) { return vf{} + a; }
-static inline vf loadu(const float* p) { return *(const vfu*)p; }
-static inline void storeu(float* p, vf v) { *(vfu*)p = v; }
-
-// ---------------------------------------------------------------------------------------------------------------
-// Elementwise functions on vectors
-// ---------------------------------------------------------------------------------------------------------------
-static inline vf vexp(vf x) {
-  x = x > splat(88.3762626647949f) ? splat(88.3762626647949f) : x;
-  x = x < splat(-87.3365447505531f) ? splat(-87.3365447505531f) : x;
-  vf fx = x * 1.44269504088896341f + 0.5f;
-  vf n = __builtin_convertvector(__builtin_convertvector(fx, vi), vf);  // truncation
-  n = n > fx ? n - 1.0f : n;                                            // floor
-  x = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vf z = x * x;
-  vf y = ((((1.9875691500E-4f * x + 1.3981999507E-3f) * x + 8.3334519073E-3f) * x + 4.1665795894E-2f) * x +
-          1.6666665459E-1f) * x + 5.0000001201E-1f;
-  y = y * z + x + 1.0f;
-  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  return y * scale;
-}
-
-static inline vf verf(vf x) {
-  vf z = x < 0.0f ? -x : x;
-  vf t = 1.0f / (1.0f + 0.5f * z);
-  vf p = -1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f + t * (-0.18628806f +
-         t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
-  vf erfc = t * vexp(-z * z + p);
-  return x < 0.0f ? erfc - 1.0f : 1.0f - erfc;
-}
-
-static inline vf vtanh(vf x) {  // 1 - 2 / (exp(2x) + 1), exact enough away from 0; near 0 the odd series
-  vf big = 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f);
-  vf x2 = x * x;
-  vf small = x * (1.0f + x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315))));
-  vf a = x < 0.0f ? -x : x;
-  return a < 0.0625f ? small : big;
-}
 
 enum Activation { GELU = 0, RELU = 1, GELU_TANH = 2 };
 

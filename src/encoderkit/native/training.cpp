@@ -1,4 +1,6 @@
-// Kernels of a training step on the CPU: dropout, and the total norm of the gradients.
+// Kernels of a training step on the CPU: dropout, attention's probabilities (softmax and dropout in one pass, and
+// their gradient), a post-norm layer's residual add with dropout and LayerNorm (and its gradient), and the total
+// norm of the gradients.
 //
 // Dropout: keep-masks from Philox4x32-10 (Salmon, Moraes, Dror and Shaw, "Parallel random
 // numbers: as easy as 1, 2, 3", SC 2011), a counter-based generator: the mask of element i is a function of the
@@ -16,10 +18,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
+
+#include "vector_math.h"
 
 namespace {
 
@@ -106,6 +112,58 @@ void for_each_group(int64_t n, uint64_t seed, int threads, Body body) {
   }
 }
 
+// The keep factors (scale or 0) of elements first .. first + n - 1 of a mask, into out[0 .. n). Draws each group
+// once while a thread walks forward through the elements (the cursor keeps the last one).
+struct MaskCursor {
+  uint32_t key0, key1, dropped;
+  float scale;
+  int64_t group = -1;
+  u32x16 words[4];
+
+  MaskCursor(uint64_t seed, uint32_t dropped_, float scale_)
+      : key0(static_cast<uint32_t>(seed)), key1(static_cast<uint32_t>(seed >> 32)), dropped(dropped_), scale(scale_) {}
+
+  void factors(int64_t first, int64_t n, float* out) {
+    const f32x16 kept = (f32x16){} + scale;
+    for (int64_t e = first; e < first + n;) {
+      const int64_t g = e / GROUP;
+      if (g != group) {
+        draw(static_cast<uint64_t>(g) * 16, key0, key1, words);
+        group = g;
+      }
+      if (e == g * GROUP && first + n - e >= GROUP) {  // a whole group: eight vectors
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+          const f32x16 f = bits(words, k) >= dropped ? kept : (f32x16){};
+          std::memcpy(out + e - first + 16 * k, &f, sizeof f);
+        }
+        e += GROUP;
+        continue;
+      }
+      const int64_t block = e / 16;
+      const u32x16 b = bits(words, static_cast<int>(block % 8));
+      const int64_t hi = std::min<int64_t>(16, first + n - block * 16);
+      for (int64_t l = e - block * 16; l < hi; ++l) out[block * 16 + l - first] = b[l] >= dropped ? scale : 0.0f;
+      e = block * 16 + hi;
+    }
+  }
+};
+
+inline float horizontal_max(vf v) {
+  float m = v[0];
+  for (int l = 1; l < VW; ++l) m = std::max(m, v[l]);
+  return m;
+}
+
+inline float horizontal_sum(vf v) {
+  float s = 0.0f;
+  for (int l = 0; l < VW; ++l) s += v[l];
+  return s;
+}
+
+// Rows of attention scores run on ``threads`` threads when the scores are at least this many elements.
+constexpr int64_t ROWS_PARALLEL_FROM = 1 << 15;
+
 }  // namespace
 
 extern "C" {
@@ -138,6 +196,178 @@ void ek_dropout_mask(uint8_t* keep, int64_t n, uint64_t seed, uint32_t dropped, 
       for (int64_t e = begin + 16 * k; e < std::min(end, begin + 16 * k + 16); ++e) keep[e] = kept[e - begin - 16 * k] & 1;
     }
   });
+}
+
+// Attention's probabilities from raw scores s = q k^T, rows of ``length`` keys: row r's first valid[r / per_valid]
+// keys (every key when valid is null) take p = softmax(scale * s), the others 0, written over s; and, where
+// ``dropped_out`` is not null, p times the keep factors of the mask of ``seed`` (element r * length + j, as
+// ek_dropout draws it) into dropped_out. rows * length fp32 elements each.
+void ek_attention_probs(float* s, float* dropped_out, int64_t rows, int64_t length, const int64_t* valid,
+                        int64_t per_valid, float scale, uint64_t seed, uint32_t dropped, float keep_scale,
+                        int threads) {
+  threads = rows * length >= ROWS_PARALLEL_FROM ? std::max(1, threads) : 1;
+  const int64_t padded = (length + VW - 1) / VW * VW;
+  const int64_t chunk = std::max<int64_t>(1, 2048 / length);  // rows whose mask is drawn at once
+#pragma omp parallel num_threads(threads)
+  {
+    MaskCursor mask(seed, dropped, keep_scale);
+    std::vector<float> keep(dropped_out ? chunk * length : 0), buffer(padded);
+    float* x = buffer.data();
+    int64_t drawn_from = -1;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = s + r * length;
+      const int64_t n = valid ? std::min<int64_t>(length, valid[r / per_valid]) : length;
+      for (int64_t j = 0; j < n; ++j) x[j] = row[j] * scale;
+      for (int64_t j = n; j < padded; ++j) x[j] = -std::numeric_limits<float>::infinity();
+      vf top = loadu(x);
+      for (int64_t j = VW; j < padded; j += VW) top = loadu(x + j) > top ? loadu(x + j) : top;
+      const float m = horizontal_max(top);
+      vf lanes = splat(0.0f);
+      for (int64_t j = 0; j < padded; j += VW) {
+        const vf v = loadu(x + j);
+        const vf e = v == -std::numeric_limits<float>::infinity() ? splat(0.0f) : vexp(v - m);
+        storeu(x + j, e);
+        lanes += e;
+      }
+      const float inverse = 1.0f / horizontal_sum(lanes);
+      for (int64_t j = 0; j < padded; j += VW) storeu(x + j, loadu(x + j) * inverse);
+      std::memcpy(row, x, length * sizeof(float));
+      if (dropped_out) {
+        if (drawn_from < 0 || r >= drawn_from + chunk || r < drawn_from) {
+          drawn_from = r;
+          mask.factors(r * length, std::min(chunk, rows - r) * length, keep.data());
+        }
+        const float* f = keep.data() + (r - drawn_from) * length;
+        float* out = dropped_out + r * length;
+        for (int64_t j = 0; j < length; ++j) out[j] = x[j] * f[j];
+      }
+    }
+  }
+}
+
+// The gradient of ek_attention_probs: g holds the gradient of its output (of dropped_out where there was a mask, of
+// p otherwise) and is overwritten with the gradient of s: scale * p * (g' - sum_j g'_j p_j), g' = g times the keep
+// factors of the mask of ``seed`` (dropped = 0: no mask).
+void ek_attention_probs_backward(const float* p, float* g, int64_t rows, int64_t length, float scale, uint64_t seed,
+                                 uint32_t dropped, float keep_scale, int threads) {
+  threads = rows * length >= ROWS_PARALLEL_FROM ? std::max(1, threads) : 1;
+  const int64_t padded = (length + VW - 1) / VW * VW;
+  const int64_t chunk = std::max<int64_t>(1, 2048 / length);
+#pragma omp parallel num_threads(threads)
+  {
+    MaskCursor mask(seed, dropped, keep_scale);
+    std::vector<float> keep(dropped ? chunk * length : 0), buffer(2 * padded, 0.0f);
+    float *gx = buffer.data(), *px = buffer.data() + padded;
+    int64_t drawn_from = -1;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* prob = p + r * length;
+      float* grad = g + r * length;
+      if (dropped) {
+        if (drawn_from < 0 || r >= drawn_from + chunk || r < drawn_from) {
+          drawn_from = r;
+          mask.factors(r * length, std::min(chunk, rows - r) * length, keep.data());
+        }
+        const float* f = keep.data() + (r - drawn_from) * length;
+        for (int64_t j = 0; j < length; ++j) gx[j] = grad[j] * f[j];
+      } else {
+        std::memcpy(gx, grad, length * sizeof(float));
+      }
+      std::memcpy(px, prob, length * sizeof(float));  // the padding lanes stay 0
+      vf lanes = splat(0.0f);
+      for (int64_t j = 0; j < padded; j += VW) lanes += loadu(gx + j) * loadu(px + j);
+      const float dot = horizontal_sum(lanes);
+      for (int64_t j = 0; j < padded; j += VW) storeu(gx + j, scale * loadu(px + j) * (loadu(gx + j) - dot));
+      std::memcpy(grad, gx, length * sizeof(float));
+    }
+  }
+}
+
+// A post-norm layer's out = LayerNorm(residual + dropout(y)): rows x width (width a multiple of 16), the dropout mask
+// of ``seed`` on y's elements (dropped = 0: none), LayerNorm's gamma and beta (beta may be null), eps. Also writes what
+// the backward pass reads: each row normalised (xhat, rows x width) and its 1 / standard deviation (rstd, rows).
+void ek_add_dropout_norm(const float* residual, const float* y, const float* gamma, const float* beta, float* out,
+                         float* xhat, float* rstd, int64_t rows, int64_t width, float eps, uint64_t seed,
+                         uint32_t dropped, float keep_scale, int threads) {
+  threads = rows * width >= ROWS_PARALLEL_FROM ? std::max(1, threads) : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    MaskCursor mask(seed, dropped, keep_scale);
+    std::vector<float> keep(width, 1.0f);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *res = residual + r * width, *in = y + r * width;
+      float *normed = xhat + r * width, *o = out + r * width;
+      if (dropped) mask.factors(r * width, width, keep.data());
+      vf lanes = splat(0.0f);
+      for (int64_t j = 0; j < width; j += VW) {
+        const vf z = loadu(res + j) + loadu(in + j) * loadu(keep.data() + j);
+        storeu(normed + j, z);
+        lanes += z;
+      }
+      const float mean = horizontal_sum(lanes) / width;
+      lanes = splat(0.0f);
+      for (int64_t j = 0; j < width; j += VW) {
+        const vf centred = loadu(normed + j) - mean;
+        lanes += centred * centred;
+      }
+      const float inverse = 1.0f / std::sqrt(horizontal_sum(lanes) / width + eps);
+      rstd[r] = inverse;
+      for (int64_t j = 0; j < width; j += VW) {
+        const vf x = (loadu(normed + j) - mean) * inverse;
+        storeu(normed + j, x);
+        storeu(o + j, x * loadu(gamma + j) + (beta ? loadu(beta + j) : splat(0.0f)));
+      }
+    }
+  }
+}
+
+// The gradient of ek_add_dropout_norm from grad (rows x width): into grad_residual that of residual + dropout(y), into
+// grad_y that of y (the same times the mask's keep factors), and gamma's and beta's (width each; beta's may be null)
+// summed over the rows.
+void ek_add_dropout_norm_backward(const float* grad, const float* xhat, const float* rstd, const float* gamma,
+                                  float* grad_residual, float* grad_y, float* grad_gamma, float* grad_beta,
+                                  int64_t rows, int64_t width, uint64_t seed, uint32_t dropped, float keep_scale,
+                                  int threads) {
+  threads = rows * width >= ROWS_PARALLEL_FROM ? std::max(1, threads) : 1;
+  std::vector<float> partial(static_cast<size_t>(threads) * 2 * width, 0.0f);  // each thread's gamma, beta sums
+#pragma omp parallel num_threads(threads)
+  {
+    MaskCursor mask(seed, dropped, keep_scale);
+    std::vector<float> keep(width, 1.0f);
+    float* sums = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * width;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *g = grad + r * width, *normed = xhat + r * width;
+      vf lanes_g = splat(0.0f), lanes_gx = splat(0.0f);
+      for (int64_t j = 0; j < width; j += VW) {
+        const vf gj = loadu(g + j), x = loadu(normed + j), scaled = gj * loadu(gamma + j);
+        lanes_g += scaled;
+        lanes_gx += scaled * x;
+        storeu(sums + j, loadu(sums + j) + gj * x);
+        storeu(sums + width + j, loadu(sums + width + j) + gj);
+      }
+      const float a = horizontal_sum(lanes_g) / width, b = horizontal_sum(lanes_gx) / width;
+      const float inverse = rstd[r];
+      float *gr = grad_residual + r * width, *gy = grad_y + r * width;
+      if (dropped) mask.factors(r * width, width, keep.data());
+      for (int64_t j = 0; j < width; j += VW) {
+        const vf d = inverse * (loadu(g + j) * loadu(gamma + j) - a - loadu(normed + j) * b);
+        storeu(gr + j, d);
+        storeu(gy + j, d * loadu(keep.data() + j));
+      }
+    }
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    float gamma_sum = 0.0f, beta_sum = 0.0f;
+    for (int t = 0; t < threads; ++t) {
+      gamma_sum += partial[static_cast<size_t>(t) * 2 * width + j];
+      beta_sum += partial[static_cast<size_t>(t) * 2 * width + width + j];
+    }
+    grad_gamma[j] = gamma_sum;
+    if (grad_beta) grad_beta[j] = beta_sum;
+  }
 }
 
 // The sum of the squares of ``count`` fp32 buffers (pointers and lengths), in double: the square of the gradients'
