@@ -225,6 +225,11 @@ def test_kernels_step_aside_where_they_do_not_apply(monkeypatch) -> None:
     assert counts["add_norm"] == 3 * 6  # LayerNorm(residual + dropout) runs on rows, wherever the padding was
     model.encoder(ids, mask)  # the same grid padded on the right: the kernel's padding mask is each row's real keys
     assert counts["attention"] == 3
+    for layer in model.encoder.layers:  # a dropout module of the user's own runs as it is
+        layer.output_dropout = nn.Sequential(layer.output_dropout)
+    counts["add_norm"] = 0
+    model.encoder(ids, mask)
+    assert counts["add_norm"] == 3
     modern = tagger("modernbert")
     counts["attention"] = counts["add_norm"] = 0
     modern(ids, mask, labels=labels).loss.backward()  # rotary positions, pre-norm layers

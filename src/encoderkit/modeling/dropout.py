@@ -164,8 +164,13 @@ def _fused_mask(residual: torch.Tensor, y: torch.Tensor, dropout: nn.Module,
         return None
     if torch.compiler.is_compiling() or native.library() is None:
         return None
-    p = dropout.p if isinstance(dropout, nn.Dropout) and dropout.training else 0.0
-    if isinstance(dropout, nn.Dropout) and dropout.inplace:
+    if isinstance(dropout, nn.Dropout):
+        if dropout.inplace:
+            return None
+        p = dropout.p if dropout.training else 0.0
+    elif isinstance(dropout, nn.Identity):
+        p = 0.0
+    else:  # some other module: it runs as it is
         return None
     if p == 0.0:
         return 0, 0, 1.0
