@@ -1,15 +1,18 @@
 """Where a fine-tuning step's time goes: encoderkit's training step against transformers' Trainer's (issue 22).
 
-Both take the same batches: bench/finetune.py's features in encoderkit's length-grouped batches (the 31st and on
-of the epoch: the first ones of a grouped order hold its longest examples), padded to their longest as both
-collators pad. transformers' step is the Trainer's: the model's forward and backward, ``clip_grad_norm_`` (1.0),
-the optimizer ``Trainer.create_optimizer`` makes (fused AdamW, its decay groups), ``zero_grad``. encoderkit's is
-``Trainer.train_step``'s: the word table's kept gradient attached (``EmbeddingRows``), forward, backward, ``clip_gradients`` (its scale folded into the fused AdamW's kernel),
-step, ``zero_grad``. Each phase is timed with ``perf_counter`` in interleaved rounds (medians of the rounds'
-per-step means); then as many profiled rounds each, interleaved, whose operations' own times are sorted into kinds
-(medians of the rounds), an operation inside a dropout, the optimizer, the gradient norm or the embedding's
-gradient counting for that kind. "Outside any operation": the step's time the profiler saw in no PyTorch operation
-(Python, dispatch, the native library's calls outside an autograd function: the gradient norm).
+Both take the same batches: bench/finetune.py's features in encoderkit's length-grouped batches (the 31st and on of
+the epoch: the first ones of a grouped order hold its longest examples), padded to their longest as both collators
+pad. transformers' step is the Trainer's: the model's forward and backward, ``clip_grad_norm_`` (1.0), the optimizer
+``Trainer.create_optimizer`` makes (fused AdamW, its decay groups), ``zero_grad``. encoderkit's is
+``Trainer.train_step``'s: the word table's kept gradient attached (``EmbeddingRows``), forward, backward,
+``clip_gradients`` (its scale folded into the fused AdamW's kernel), step, ``zero_grad``. Each phase is timed with
+``perf_counter`` in interleaved rounds (medians of the rounds' per-step means); then as many profiled rounds each,
+interleaved, whose operations' own times are sorted into kinds (medians of the rounds), an operation inside a
+dropout, the optimizer, the gradient norm or the embedding's gradient counting for that kind; the own time of
+encoderkit's training kernels (modeling.attention's ``_TrainingAttention``, modeling.dropout's ``_AddDropoutNorm``:
+softmax, LayerNorm and the dropout they apply, in one native pass) counts as elementwise and normalisation. "Outside
+any operation": the step's time the profiler saw in no PyTorch operation (Python, dispatch, the native library's
+calls outside an autograd function: the gradient norm).
 
     python bench/finetune_profile.py [--tasks sst2,conll,squad] [--batches 20] [--rounds 5]
 """
@@ -54,7 +57,12 @@ OWN = {
                                       "aten::masked_fill_", "aten::_log_softmax", "aten::_log_softmax_backward_data",
                                       "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::sub", "aten::neg",
                                       "aten::exp", "aten::eq", "aten::ne", "aten::lt", "aten::gt", "aten::ge",
-                                      "aten::all", "aten::any", "aten::threshold_backward", "aten::relu"),
+                                      "aten::all", "aten::any", "aten::threshold_backward", "aten::relu",
+                                      # encoderkit's training kernels: their own time is the native pass (attention's
+                                      # softmax, padding mask and dropout; LayerNorm with its residual add and
+                                      # dropout), the products and copies inside count as theirs
+                                      "_TrainingAttention", "_TrainingAttentionBackward", "_AddDropoutNorm",
+                                      "_AddDropoutNormBackward"),
     "copies and layout": ("aten::copy_", "aten::clone", "aten::cat", "aten::stack", "aten::_to_copy",
                           "aten::fill_", "aten::zero_", "aten::index_select", "aten::index_copy",
                           "aten::index_add_", "aten::index", "aten::gather", "aten::embedding",
@@ -116,7 +124,9 @@ class Contender:
         return {kind: kinds.get(kind, 0.0) / len(batches) for kind in KINDS}
 
 
-def contenders(task: str, work: Path, batches_wanted: int) -> tuple[list[Contender], list[dict], dict[str, Any]]:
+def encoderkit_side(task: str, work: Path, batches_wanted: int) -> tuple[Contender, list[dict], Any]:
+    """encoderkit's step on ``batches_wanted`` + 2 grouped batches of ``task`` (the first two for warming up), and
+    the benchmark's setup (bench/finetune.py's ``prepare``)."""
     import finetune as bench
 
     from encoderkit.memory import keep_freed_memory
@@ -124,7 +134,7 @@ def contenders(task: str, work: Path, batches_wanted: int) -> tuple[list[Contend
 
     setup = bench.prepare(task, work / "ek", group_by_length=True)
     trainer = setup.trainer
-    keep_freed_memory()  # as Trainer.begin does (both sides run in this process)
+    keep_freed_memory()  # as Trainer.begin does
     batches = [trainer._next_micro_batch() for _ in range(SKIPPED + batches_wanted + 2)][SKIPPED:]
     ours = trainer.model.train()
     optimizer = trainer.optimizer
@@ -137,6 +147,13 @@ def contenders(task: str, work: Path, batches_wanted: int) -> tuple[list[Contend
                            lambda: clip_gradients(ours.parameters(), 1.0, optimizer),
                            lambda: optimizer_step(optimizer),
                            lambda: optimizer.zero_grad(set_to_none=True))
+    return encoderkit, batches, setup
+
+
+def contenders(task: str, work: Path, batches_wanted: int) -> tuple[list[Contender], list[dict], dict[str, Any]]:
+    import finetune as bench
+
+    encoderkit, batches, setup = encoderkit_side(task, work, batches_wanted)
     hf, _, _ = bench.hf_trainer(task, setup, "group_by_length", work / "hf")
     theirs = hf.model.train()
     hf.create_optimizer()
@@ -206,7 +223,9 @@ def render(r: dict[str, Any]) -> list[str]:
              "fused AdamW, `zero_grad`) and `encoderkit.training.Trainer.train_step`'s, all-MiniLM-L6-v2, fp32, "
              f"{r['threads']} threads. Phases: medians over interleaved rounds, ms a step. Kinds: as many profiled "
              "rounds each, interleaved, medians of the operations' own times sorted by kind (an operation inside the "
-             "optimizer, the gradient norm, dropout or the embedding's gradient counts there); \"outside any "
+             "optimizer, the gradient norm, dropout or the embedding's gradient counts there; the own time of "
+             "encoderkit's training kernels, softmax or LayerNorm with the dropout they apply in one native pass, "
+             "counts as elementwise and normalisation); \"outside any "
              "operation\" is the rest of the wall time (Python, dispatch, native calls outside autograd: encoderkit's "
              "gradient norm). The profiler's own cost inflates the kinds of the side with more operations. The last "
              "column: the Trainer's step over encoderkit's linear products alone, the speed-up if encoderkit did "

@@ -1,0 +1,192 @@
+"""encoderkit's native training kernels against the PyTorch ops they replace (issue 22, point 7).
+
+The kernels (tests/test_training_kernels.py tests their numbers): one group's attention as one autograd function
+(modeling.attention's ``_TrainingAttention``: the scale, the padding mask, softmax and the dropout of the probabilities
+in one native pass each way, around the products) and a post-norm layer's LayerNorm(residual + dropout(y))
+(modeling.dropout's ``add_norm``). What they replace: the same steps as PyTorch ops, the dropout masks drawn by
+encoderkit's own native dropout (modeling.dropout), which is what ran before.
+
+Two measurements, each in interleaved rounds (medians), 2 threads unless ``--threads``:
+- the kernels alone, forward and backward, at the shapes of bench/finetune.py's tasks (all-MiniLM-L6-v2: 12 heads of
+  32, width 384; dropout 0.1): attention groups of SST-2 (32 sequences of 12 tokens), CoNLL (24 of 38) and SQuAD (6 of
+  384), LayerNorm over a batch's tokens (336, 764 and 2,378 rows);
+- encoderkit's whole training step (bench/finetune_profile.py's, the same grouped batches) with the kernels and with
+  them turned off, alternating batch by batch.
+
+    python bench/training_kernels.py [--tasks sst2,conll,squad] [--batches 8] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from common import write_result
+
+HEADS, DIM, WIDTH, P = 12, 32, 384, 0.1
+ATTENTION_GROUPS = {"sst2": (32, 12), "conll": (24, 38), "squad": (6, 384)}  # (sequences, length)
+NORM_ROWS = {"sst2": 336, "conll": 764, "squad": 2378}
+
+
+@contextmanager
+def kernels(on: bool):
+    """The training kernels on, or off (every call takes the PyTorch ops instead)."""
+    from encoderkit.modeling import dropout as dropout_module
+    from encoderkit.modeling.attention import SelfAttention
+
+    saved = SelfAttention.training_attention, dropout_module._fused_mask
+    if not on:
+        SelfAttention.training_attention = lambda *args, **kwargs: None
+        dropout_module._fused_mask = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        SelfAttention.training_attention, dropout_module._fused_mask = saved
+
+
+def interleaved(functions: dict[str, Callable[[], None]], rounds: int, calls: int) -> dict[str, float]:
+    """Median seconds a call of each function, over ``rounds`` interleaved rounds of ``calls`` calls."""
+    for function in functions.values():
+        function()
+    seconds: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, function in functions.items():
+            started = time.perf_counter()
+            for _ in range(calls):
+                function()
+            seconds[name].append((time.perf_counter() - started) / calls)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def attention_ops(task: str, rounds: int) -> dict[str, Any]:
+    from encoderkit.modeling.attention import _TrainingAttention
+    from encoderkit.modeling.dropout import draw_mask, dropout
+
+    count, length = ATTENTION_GROUPS[task]
+    grid = torch.randn(count, length, 3 * HEADS * DIM, requires_grad=True)
+    valid = torch.full((count,), length)
+    scale = 1 / math.sqrt(DIM)
+
+    def kernel() -> None:
+        _TrainingAttention.apply(grid, valid, HEADS, scale, draw_mask(P)).sum().backward()
+
+    def torch_ops() -> None:  # SelfAttention.attend_grid's explicit path, as it ran before
+        q, k, v = grid.view(count, length, 3, HEADS, DIM).permute(2, 0, 3, 1, 4).unbind(0)
+        probs = (torch.matmul(q, k.transpose(-1, -2)) * scale).softmax(dim=-1)
+        torch.matmul(dropout(probs, P), v).transpose(1, 2).reshape(count, length, HEADS * DIM).sum().backward()
+
+    calls = max(1, int(20_000 / (count * length * length / 100)))
+    times = interleaved({"kernel": kernel, "torch ops": torch_ops}, rounds, min(calls, 50))
+    return {"kernel": "attention (forward and backward)", "shape": f"{count} x {length} tokens, {HEADS} heads of {DIM}",
+            "seconds": times}
+
+
+def norm_ops(task: str, rounds: int) -> dict[str, Any]:
+    from encoderkit.modeling.dropout import Dropout, add_norm
+
+    rows = NORM_ROWS[task]
+    norm, drop = nn.LayerNorm(WIDTH, eps=1e-12), Dropout(P)
+    residual = torch.randn(rows, WIDTH, requires_grad=True)
+    y = torch.randn(rows, WIDTH, requires_grad=True)
+    times = interleaved({"kernel": lambda: add_norm(residual, y, drop, norm).sum().backward(),
+                         "torch ops": lambda: norm(residual + drop(y)).sum().backward()}, rounds, 50)
+    return {"kernel": "LayerNorm(residual + dropout(y)) (forward and backward)", "shape": f"{rows} x {WIDTH}",
+            "seconds": times}
+
+
+def step(task: str, batches_wanted: int, rounds: int) -> dict[str, Any]:
+    """The step with and without the kernels, alternating batch by batch (which goes first alternates too): the host's
+    drift hits both alike. Per round, the mean step of each; the medians of the rounds and of their ratios."""
+    from finetune_profile import encoderkit_side
+
+    names = ("with the kernels", "without")
+    with tempfile.TemporaryDirectory(prefix="training-kernels-") as scratch:
+        side, batches, _ = encoderkit_side(task, Path(scratch), batches_wanted)
+        warm, batches = batches[:2], batches[2:]
+        for on in (True, False):
+            with kernels(on):
+                side.run(warm, record=False)
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(rounds):
+            totals = dict.fromkeys(names, 0.0)
+            for index, batch in enumerate(batches):
+                for name in (names if (round_ + index) % 2 == 0 else names[::-1]):
+                    with kernels(name == names[0]):
+                        started = time.perf_counter()
+                        side.run([batch], record=False)
+                        totals[name] += time.perf_counter() - started
+            for name in names:
+                seconds[name].append(totals[name] / len(batches))
+    tokens = statistics.mean(int(b["attention_mask"].sum()) for b in batches)
+    ratios = [without / with_ for with_, without in zip(seconds[names[0]], seconds[names[1]])]
+    return {"task": task, "tokens_per_batch": tokens, "batches": len(batches),
+            "seconds": {name: statistics.median(values) for name, values in seconds.items()},
+            "speedup": statistics.median(ratios), "rounds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default="sst2,conll,squad")
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from encoderkit import native
+
+    if native.library() is None:
+        raise SystemExit(f"the native library is not built here: {native.status()}")
+    tasks = args.tasks.split(",")
+    torch.manual_seed(0)
+    ops = []
+    for task in tasks:
+        for measure in (attention_ops, norm_ops):
+            row = measure(task, args.rounds)
+            ops.append(row)
+            times = row["seconds"]
+            print(f"{row['kernel']}, {row['shape']}: {times['kernel'] * 1e3:.2f} ms against "
+                  f"{times['torch ops'] * 1e3:.2f} ({times['torch ops'] / times['kernel']:.2f}x)", flush=True)
+    steps = []
+    for task in tasks:
+        row = step(task, args.batches, args.rounds)
+        steps.append(row)
+        times = row["seconds"]
+        print(f"{task}: step {times['with the kernels'] * 1e3:.1f} ms with the kernels, {times['without'] * 1e3:.1f} "
+              f"without ({row['speedup']:.2f}x, the median of the rounds' ratios)", flush=True)
+    write_result("training_kernels", {"threads": args.threads, "rounds": args.rounds, "dropout": P, "ops": ops,
+                                      "steps": steps,
+                                      "command": "python bench/training_kernels.py " + " ".join(
+                                          f"--{k} {v}" for k, v in vars(args).items())})
+
+
+def render(r: dict[str, Any]) -> list[str]:
+    from report import _machine, _table
+
+    lines = ["## encoderkit's native training kernels (`bench/training_kernels.py`)", "", _machine(r), "",
+             f"Forward and backward, {r['threads']} threads, dropout {r['dropout']}, medians of {r['rounds']} "
+             "interleaved rounds. \"torch ops\": the same steps as PyTorch operations with encoderkit's own native "
+             "dropout, what ran before the kernels. The step: encoderkit's fine-tuning step "
+             "(bench/finetune_profile.py's, all-MiniLM-L6-v2, the same grouped batches) with the kernels and with "
+             "them turned off, alternating batch by batch; ms a step: medians of the rounds' means.", ""]
+    rows = [[row["kernel"], row["shape"], f"{row['seconds']['kernel'] * 1e3:.2f}",
+             f"{row['seconds']['torch ops'] * 1e3:.2f}",
+             f"**{row['seconds']['torch ops'] / row['seconds']['kernel']:.2f}x**"] for row in r["ops"]]
+    lines += _table(["kernel", "shape", "kernel, ms", "torch ops, ms", "speed-up"], rows) + [""]
+    rows = [[row["task"], f"{row['tokens_per_batch']:.0f}", f"{row['seconds']['with the kernels'] * 1e3:.1f}",
+             f"{row['seconds']['without'] * 1e3:.1f}",
+             f"**{row['speedup']:.2f}x**"] for row in r["steps"]]
+    return lines + _table(["task", "tokens a batch", "step with the kernels, ms", "without, ms",
+                           "speed-up (median of the rounds' ratios)"],
+                          rows) + [""]
+
+
+if __name__ == "__main__":
+    main()
