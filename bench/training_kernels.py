@@ -6,12 +6,15 @@ in one native pass each way, around the products) and a post-norm layer's LayerN
 (modeling.dropout's ``add_norm``). What they replace: the same steps as PyTorch ops, the dropout masks drawn by
 encoderkit's own native dropout (modeling.dropout), which is what ran before.
 
-Two measurements, each in interleaved rounds (medians), 2 threads unless ``--threads``:
+Three measurements, each in interleaved rounds (medians), 2 threads unless ``--threads``:
 - the kernels alone, forward and backward, at the shapes of bench/finetune.py's tasks (all-MiniLM-L6-v2: 12 heads of
   32, width 384; dropout 0.1): attention groups of SST-2 (32 sequences of 12 tokens), CoNLL (24 of 38) and SQuAD (6 of
   384), LayerNorm over a batch's tokens (336, 764 and 2,378 rows);
 - encoderkit's whole training step (bench/finetune_profile.py's, the same grouped batches) with the kernels and with
-  them turned off, alternating batch by batch.
+  them turned off, alternating batch by batch;
+- what the step's linear layers' products reach on this CPU (GFLOP/s of torch's fp32 products at the MLP's shapes for
+  a batch's tokens, forward, input gradient and weight gradient) against a square 2048 product: how close to the
+  machine's speed the largest part of the step already runs.
 
     python bench/training_kernels.py [--tasks sst2,conll,squad] [--batches 8] [--rounds 5]
 """
@@ -52,11 +55,11 @@ def kernels(on: bool):
         SelfAttention.training_attention, dropout_module._fused_mask = saved
 
 
-def interleaved(functions: dict[str, Callable[[], None]], rounds: int, calls: int) -> dict[str, float]:
+def interleaved(functions: dict[Any, Callable[[], None]], rounds: int, calls: int) -> dict[Any, float]:
     """Median seconds a call of each function, over ``rounds`` interleaved rounds of ``calls`` calls."""
     for function in functions.values():
         function()
-    seconds: dict[str, list[float]] = {name: [] for name in functions}
+    seconds: dict[Any, list[float]] = {name: [] for name in functions}
     for _ in range(rounds):
         for name, function in functions.items():
             started = time.perf_counter()
@@ -100,6 +103,25 @@ def norm_ops(task: str, rounds: int) -> dict[str, Any]:
                          "torch ops": lambda: norm(residual + drop(y)).sum().backward()}, rounds, 50)
     return {"kernel": "LayerNorm(residual + dropout(y)) (forward and backward)", "shape": f"{rows} x {WIDTH}",
             "seconds": times}
+
+
+def products(tasks: list[str], rounds: int) -> list[dict[str, Any]]:
+    """GFLOP/s of the MLP's products (tokens x 384 -> 1536) at each task's tokens a batch, and of a square 2048."""
+    shapes: dict[str, tuple[int, int, int]] = {"square 2048 x 2048 x 2048": (2048, 2048, 2048)}
+    for task in tasks:
+        shapes[f"{task}: {NORM_ROWS[task]} tokens x {WIDTH} -> {4 * WIDTH}"] = (NORM_ROWS[task], WIDTH, 4 * WIDTH)
+    functions, flops = {}, {}
+    for name, (rows, inner, outer) in shapes.items():
+        x, weight, grad = torch.randn(rows, inner), torch.randn(outer, inner), torch.randn(rows, outer)
+        parts = {"forward": lambda x=x, w=weight: x @ w.t()} if inner == outer == rows else {
+            "forward": lambda x=x, w=weight: x @ w.t(), "input gradient": lambda g=grad, w=weight: g @ w,
+            "weight gradient": lambda g=grad, x=x: g.t() @ x}
+        for part, function in parts.items():
+            functions[(name, part)] = function
+            flops[(name, part)] = 2 * rows * inner * outer
+    times = interleaved(functions, rounds, 5)
+    return [{"shape": name, "product": part, "gflops": flops[(name, part)] / times[(name, part)] / 1e9}
+            for name, part in functions]
 
 
 def step(task: str, batches_wanted: int, rounds: int) -> dict[str, Any]:
@@ -154,6 +176,9 @@ def main() -> None:
             times = row["seconds"]
             print(f"{row['kernel']}, {row['shape']}: {times['kernel'] * 1e3:.2f} ms against "
                   f"{times['torch ops'] * 1e3:.2f} ({times['torch ops'] / times['kernel']:.2f}x)", flush=True)
+    gemm = products(tasks, args.rounds)
+    for row in gemm:
+        print(f"{row['shape']}, {row['product']}: {row['gflops']:.1f} GFLOP/s", flush=True)
     steps = []
     for task in tasks:
         row = step(task, args.batches, args.rounds)
@@ -162,7 +187,7 @@ def main() -> None:
         print(f"{task}: step {times['with the kernels'] * 1e3:.1f} ms with the kernels, {times['without'] * 1e3:.1f} "
               f"without ({row['speedup']:.2f}x, the median of the rounds' ratios)", flush=True)
     write_result("training_kernels", {"threads": args.threads, "rounds": args.rounds, "dropout": P, "ops": ops,
-                                      "steps": steps,
+                                      "products": gemm, "steps": steps,
                                       "command": "python bench/training_kernels.py " + " ".join(
                                           f"--{k} {v}" for k, v in vars(args).items())})
 
@@ -183,9 +208,14 @@ def render(r: dict[str, Any]) -> list[str]:
     rows = [[row["task"], f"{row['tokens_per_batch']:.0f}", f"{row['seconds']['with the kernels'] * 1e3:.1f}",
              f"{row['seconds']['without'] * 1e3:.1f}",
              f"**{row['speedup']:.2f}x**"] for row in r["steps"]]
-    return lines + _table(["task", "tokens a batch", "step with the kernels, ms", "without, ms",
-                           "speed-up (median of the rounds' ratios)"],
-                          rows) + [""]
+    lines += _table(["task", "tokens a batch", "step with the kernels, ms", "without, ms",
+                     "speed-up (median of the rounds' ratios)"], rows) + [""]
+    if r.get("products"):
+        lines += ["The linear layers' products (torch's fp32, the same run): GFLOP/s at the MLP's shapes against a "
+                  "square product.", ""]
+        lines += _table(["shape", "product", "GFLOP/s"], [[row["shape"], row["product"], f"{row['gflops']:.1f}"]
+                                                          for row in r["products"]]) + [""]
+    return lines
 
 
 if __name__ == "__main__":
