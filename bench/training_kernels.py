@@ -25,7 +25,6 @@ import math
 import statistics
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,22 +36,6 @@ from common import write_result
 HEADS, DIM, WIDTH, P = 12, 32, 384, 0.1
 ATTENTION_GROUPS = {"sst2": (32, 12), "conll": (24, 38), "squad": (6, 384)}  # (sequences, length)
 NORM_ROWS = {"sst2": 336, "conll": 764, "squad": 2378}
-
-
-@contextmanager
-def kernels(on: bool):
-    """The training kernels on, or off (every call takes the PyTorch ops instead)."""
-    from encoderkit.modeling import dropout as dropout_module
-    from encoderkit.modeling.attention import SelfAttention
-
-    saved = SelfAttention.training_attention, dropout_module._fused_mask
-    if not on:
-        SelfAttention.training_attention = lambda *args, **kwargs: None
-        dropout_module._fused_mask = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        SelfAttention.training_attention, dropout_module._fused_mask = saved
 
 
 def interleaved(functions: dict[Any, Callable[[], None]], rounds: int, calls: int) -> dict[Any, float]:
@@ -129,19 +112,21 @@ def step(task: str, batches_wanted: int, rounds: int) -> dict[str, Any]:
     drift hits both alike. Per round, the mean step of each; the medians of the rounds and of their ratios."""
     from finetune_profile import encoderkit_side
 
+    from encoderkit.modeling.dropout import training_kernels
+
     names = ("with the kernels", "without")
     with tempfile.TemporaryDirectory(prefix="training-kernels-") as scratch:
         side, batches, _ = encoderkit_side(task, Path(scratch), batches_wanted)
         warm, batches = batches[:2], batches[2:]
         for on in (True, False):
-            with kernels(on):
+            with training_kernels(on):
                 side.run(warm, record=False)
         seconds: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(rounds):
             totals = dict.fromkeys(names, 0.0)
             for index, batch in enumerate(batches):
                 for name in (names if (round_ + index) % 2 == 0 else names[::-1]):
-                    with kernels(name == names[0]):
+                    with training_kernels(name == names[0]):
                         started = time.perf_counter()
                         side.run([batch], record=False)
                         totals[name] += time.perf_counter() - started

@@ -17,8 +17,8 @@ from torch import nn
 from encoderkit import EncoderConfig, build_model, native
 from encoderkit.modeling import attention as attention_module
 from encoderkit.modeling import dropout as dropout_module
-from encoderkit.modeling.attention import SelfAttention, _TrainingAttention
-from encoderkit.modeling.dropout import Dropout, add_norm, draw_mask, native_keep_mask
+from encoderkit.modeling.attention import _TrainingAttention
+from encoderkit.modeling.dropout import Dropout, add_norm, draw_mask, native_keep_mask, training_kernels
 from test_engine import FAMILY_CONFIGS
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no native library: {native.status()}")
@@ -151,11 +151,6 @@ def tagged_batch():
     return ids, mask, labels
 
 
-def kernels_off(monkeypatch) -> None:
-    monkeypatch.setattr(SelfAttention, "training_attention", lambda *args, **kwargs: None)
-    monkeypatch.setattr(dropout_module, "_fused_mask", lambda *args, **kwargs: None)
-
-
 def counted(monkeypatch) -> dict[str, int]:
     counts = {"attention": 0, "add_norm": 0}
     attention_apply, norm_apply = _TrainingAttention.apply, dropout_module._AddDropoutNorm.apply
@@ -184,10 +179,8 @@ def test_layers_with_the_kernels_equal_the_layers_without(family, full_grid, mon
     ids, mask, labels = tagged_batch()
     results = []
     for on in (True, False):
-        with monkeypatch.context() as patch:
+        with monkeypatch.context() as patch, training_kernels(on):
             counts = counted(patch)
-            if not on:
-                kernels_off(patch)
             torch.manual_seed(7)
             model.zero_grad(set_to_none=True)
             out = model(ids, mask, labels=labels)

@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .. import native
 from ..config import EncoderConfig
 from ..errors import InputError
-from .dropout import draw_mask, dropout, own_masks
+from .dropout import dropout, kernel_mask, own_masks
 from .inference import plus_product
 from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
@@ -334,17 +334,15 @@ class SelfAttention(nn.Module):
         with no position terms (not rotary, not DeBERTa's, no window over this length), no mask but the padding of
         each sequence's last keys, no probabilities asked for. None: the general path below."""
         if not (self.training and torch.is_grad_enabled() and grid.device.type == "cpu"
-                and grid.dtype == torch.float32 and native.library() is not None):
+                and grid.dtype == torch.float32):
             return None
         if self.rotary_kind is not None or self.pos_att_type or context.return_probs or context.dense:
             return None
         if self.window_half is not None and group.length > self.window_half + 1:
             return None
-        if (group.bias is not None and group.valid is None) or torch.compiler.is_compiling():
+        if group.bias is not None and group.valid is None:
             return None
-        if self.dropout_p == 0.0:
-            return 0, 0, 1.0
-        return draw_mask(self.dropout_p) if own_masks(grid.device, self.dropout_p) else None
+        return kernel_mask(self.dropout_p, grid.device)
 
     def attend_grid(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup,
                     context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -24,6 +24,7 @@ torch's dropout.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -116,6 +117,32 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     return _Masked.apply(x, keep, scale)
 
 
+_kernels_on = True  # the training kernels (``kernel_mask``); ``training_kernels(False)`` turns them off
+
+
+@contextmanager
+def training_kernels(enabled: bool):
+    """The native training kernels (attention's ``_TrainingAttention``, ``add_norm``'s) on or off within the block;
+    off, every layer takes its PyTorch operations (what benchmarks and tests compare the kernels with)."""
+    global _kernels_on
+    saved, _kernels_on = _kernels_on, enabled
+    try:
+        yield
+    finally:
+        _kernels_on = saved
+
+
+def kernel_mask(p: float, device: torch.device) -> tuple[int, int, float] | None:
+    """The dropout mask a native training kernel applies for chance ``p`` (seed, dropped count, scale of kept elements):
+    none to apply (0, 0, 1.0) for p = 0, one drawn as ``dropout`` draws it where that draws its own; None where the
+    kernels are off, the library is not built or torch's dropout would run (the caller then takes its PyTorch ops)."""
+    if not _kernels_on or native.library() is None or torch.compiler.is_compiling():
+        return None
+    if p == 0.0:
+        return 0, 0, 1.0
+    return draw_mask(p) if own_masks(device, p) else None
+
+
 class _AddDropoutNorm(torch.autograd.Function):
     """LayerNorm(residual + dropout(y)) in one native pass (``ek_add_dropout_norm``), and its gradient in one more:
     the (rows, width) normalised rows and each row's 1 / standard deviation are kept, the mask drawn again."""
@@ -162,8 +189,6 @@ def _fused_mask(residual: torch.Tensor, y: torch.Tensor, dropout: nn.Module,
     tensors = (residual, y, norm.weight) + (() if norm.bias is None else (norm.bias,))
     if any(t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
         return None
-    if torch.compiler.is_compiling() or native.library() is None:
-        return None
     if isinstance(dropout, nn.Dropout):
         if dropout.inplace:
             return None
@@ -172,9 +197,7 @@ def _fused_mask(residual: torch.Tensor, y: torch.Tensor, dropout: nn.Module,
         p = 0.0
     else:  # some other module: it runs as it is
         return None
-    if p == 0.0:
-        return 0, 0, 1.0
-    return draw_mask(p) if own_masks(y.device, p) else None
+    return kernel_mask(p, y.device)
 
 
 def add_norm(residual: torch.Tensor, y: torch.Tensor, dropout: nn.Module, norm: nn.Module) -> torch.Tensor:
@@ -195,4 +218,5 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
-__all__ = ["Dropout", "add_norm", "draw_mask", "dropout", "keep_mask", "native_keep_mask", "own_masks"]
+__all__ = ["Dropout", "add_norm", "draw_mask", "dropout", "keep_mask", "kernel_mask", "native_keep_mask",
+           "own_masks", "training_kernels"]

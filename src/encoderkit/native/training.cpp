@@ -149,6 +149,26 @@ struct MaskCursor {
   }
 };
 
+// The keep factors of rows of ``length`` elements (row r: elements r * length ..), drawn for ``chunk`` rows at once:
+// short rows (attention over few keys) would otherwise draw each group of 128 elements once per row.
+struct RowMask {
+  MaskCursor cursor;
+  int64_t length, rows, chunk, first = -1;
+  std::vector<float> keep;
+
+  RowMask(uint64_t seed, uint32_t dropped, float keep_scale, int64_t length_, int64_t rows_)
+      : cursor(seed, dropped, keep_scale), length(length_), rows(rows_),
+        chunk(std::max<int64_t>(1, 2048 / length_)), keep(dropped ? chunk * length_ : 0) {}
+
+  const float* row(int64_t r) {
+    if (first < 0 || r < first || r >= first + chunk) {
+      first = r;
+      cursor.factors(r * length, std::min(chunk, rows - r) * length, keep.data());
+    }
+    return keep.data() + (r - first) * length;
+  }
+};
+
 inline float horizontal_max(vf v) {
   float m = v[0];
   for (int l = 1; l < VW; ++l) m = std::max(m, v[l]);
@@ -207,13 +227,11 @@ void ek_attention_probs(float* s, float* dropped_out, int64_t rows, int64_t leng
                         int threads) {
   threads = rows * length >= ROWS_PARALLEL_FROM ? std::max(1, threads) : 1;
   const int64_t padded = (length + VW - 1) / VW * VW;
-  const int64_t chunk = std::max<int64_t>(1, 2048 / length);  // rows whose mask is drawn at once
 #pragma omp parallel num_threads(threads)
   {
-    MaskCursor mask(seed, dropped, keep_scale);
-    std::vector<float> keep(dropped_out ? chunk * length : 0), buffer(padded);
+    RowMask mask(seed, dropped_out ? dropped : 0, keep_scale, length, rows);
+    std::vector<float> buffer(padded);
     float* x = buffer.data();
-    int64_t drawn_from = -1;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       float* row = s + r * length;
@@ -234,11 +252,7 @@ void ek_attention_probs(float* s, float* dropped_out, int64_t rows, int64_t leng
       for (int64_t j = 0; j < padded; j += VW) storeu(x + j, loadu(x + j) * inverse);
       std::memcpy(row, x, length * sizeof(float));
       if (dropped_out) {
-        if (drawn_from < 0 || r >= drawn_from + chunk || r < drawn_from) {
-          drawn_from = r;
-          mask.factors(r * length, std::min(chunk, rows - r) * length, keep.data());
-        }
-        const float* f = keep.data() + (r - drawn_from) * length;
+        const float* f = mask.row(r);
         float* out = dropped_out + r * length;
         for (int64_t j = 0; j < length; ++j) out[j] = x[j] * f[j];
       }
@@ -253,23 +267,17 @@ void ek_attention_probs_backward(const float* p, float* g, int64_t rows, int64_t
                                  uint32_t dropped, float keep_scale, int threads) {
   threads = rows * length >= ROWS_PARALLEL_FROM ? std::max(1, threads) : 1;
   const int64_t padded = (length + VW - 1) / VW * VW;
-  const int64_t chunk = std::max<int64_t>(1, 2048 / length);
 #pragma omp parallel num_threads(threads)
   {
-    MaskCursor mask(seed, dropped, keep_scale);
-    std::vector<float> keep(dropped ? chunk * length : 0), buffer(2 * padded, 0.0f);
+    RowMask mask(seed, dropped, keep_scale, length, rows);
+    std::vector<float> buffer(2 * padded, 0.0f);
     float *gx = buffer.data(), *px = buffer.data() + padded;
-    int64_t drawn_from = -1;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* prob = p + r * length;
       float* grad = g + r * length;
       if (dropped) {
-        if (drawn_from < 0 || r >= drawn_from + chunk || r < drawn_from) {
-          drawn_from = r;
-          mask.factors(r * length, std::min(chunk, rows - r) * length, keep.data());
-        }
-        const float* f = keep.data() + (r - drawn_from) * length;
+        const float* f = mask.row(r);
         for (int64_t j = 0; j < length; ++j) gx[j] = grad[j] * f[j];
       } else {
         std::memcpy(gx, grad, length * sizeof(float));

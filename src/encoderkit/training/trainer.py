@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import native
 from ..distributed import world_and_rank
 from ..errors import EncoderkitError, InputError
-from .. import native
 from ..memory import keep_freed_memory
 from ..modeling.training_linear import for_training
 from ..progress import Progress
