@@ -143,9 +143,14 @@ def encoderkit_side(task: str, work: Path, batches_wanted: int) -> tuple[Contend
         trainer.embedding_rows.attach()
         return trainer.ddp_model(**batch, **trainer.forward_kwargs).loss.float()
 
-    encoderkit = Contender("encoderkit", forward,
-                           lambda: clip_gradients(ours.parameters(), 1.0, optimizer),
-                           lambda: optimizer_step(optimizer),
+    rows: dict = {}
+
+    def clip() -> None:  # as Trainer.train_step: the word table's rows read alone, by the norm and by AdamW
+        rows.clear()
+        rows.update(trainer.embedding_rows.rows())
+        clip_gradients(ours.parameters(), 1.0, optimizer, rows)
+
+    encoderkit = Contender("encoderkit", forward, clip, lambda: optimizer_step(optimizer, rows),
                            lambda: optimizer.zero_grad(set_to_none=True))
     return encoderkit, batches, setup
 

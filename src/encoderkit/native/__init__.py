@@ -148,6 +148,9 @@ def library() -> ctypes.CDLL | None:
         lib.ek_dropout_mask.restype = None
         lib.ek_sum_squares.argtypes = [pointer, pointer, integer, integer]
         lib.ek_sum_squares.restype = ctypes.c_double
+        lib.ek_adamw_rows.argtypes = [pointer] * 4 + [int64, int64, pointer, pointer] + [ctypes.c_float] * 7 + [
+            integer]
+        lib.ek_adamw_rows.restype = None
         lib.ek_attention_probs.argtypes = [pointer, pointer, int64, int64, pointer, int64, ctypes.c_float, uint64,
                                            ctypes.c_uint32, ctypes.c_float, integer]
         lib.ek_attention_probs.restype = None
@@ -173,6 +176,23 @@ def sum_of_squares(tensors: list[torch.Tensor]) -> float | None:
     pointers = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
     sizes = (ctypes.c_int64 * len(tensors))(*(t.numel() for t in tensors))
     return float(lib.ek_sum_squares(pointers, sizes, len(tensors), torch.get_num_threads()))
+
+
+def adamw_rows(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+               active: torch.Tensor, touched: torch.Tensor, *, decay: float, betas: tuple[float, float],
+               step_size: float, bc2_sqrt: float, eps: float, inv_scale: float) -> bool:
+    """AdamW's step of a table (``ek_adamw_rows``) whose gradient is zero outside the rows marked in ``touched``
+    (uint8, one a row); ``active`` marks the rows touched at an earlier step (m and v are zero in the others). All
+    contiguous fp32 CPU tensors of the same 2-D shape but the marks. False, with nothing done, where the library is
+    not built."""
+    lib = library()
+    if lib is None:
+        return False
+    rows, width = param.shape
+    lib.ek_adamw_rows(param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), rows, width,
+                      active.data_ptr(), touched.data_ptr(), decay, betas[0], betas[1], step_size, bc2_sqrt, eps,
+                      inv_scale, torch.get_num_threads())
+    return True
 
 
 def status() -> str:

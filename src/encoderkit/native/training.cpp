@@ -1,6 +1,6 @@
 // Kernels of a training step on the CPU: dropout, attention's probabilities (softmax and dropout in one pass, and
-// their gradient), a post-norm layer's residual add with dropout and LayerNorm (and its gradient), and the total
-// norm of the gradients.
+// their gradient), a post-norm layer's residual add with dropout and LayerNorm (and its gradient), the total norm
+// of the gradients, and AdamW's step of an embedding table whose gradient is a few rows.
 //
 // Dropout: keep-masks from Philox4x32-10 (Salmon, Moraes, Dror and Shaw, "Parallel random
 // numbers: as easy as 1, 2, 3", SC 2011), a counter-based generator: the mask of element i is a function of the
@@ -408,6 +408,52 @@ double ek_sum_squares(const float* const* buffers, const int64_t* sizes, int cou
     total += sum;
   }
   return total;
+}
+
+// One AdamW step (decoupled weight decay: Loshchilov and Hutter, "Decoupled weight decay regularization", ICLR 2019;
+// the arithmetic of torch's AdamW) of a table of ``rows`` rows of ``width`` fp32 elements whose gradient is zero
+// outside the rows marked in ``touched``. With g = grad * inv_scale:
+//   p = p * decay (1 - lr * weight decay);  m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g;
+//   p = p - step_size * m / (sqrt(v) / bc2_sqrt + eps)   (step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t))
+// A touched row takes it in full. An ``active`` row (one touched at some earlier step) takes it with g = 0, its
+// gradient not read. Any other row has m = v = 0, so that m / (sqrt(v) / bc2_sqrt + eps) is 0 and m and v stay 0:
+// its step is p = p * decay alone, with no read of m, v or the gradient (the same numbers as the full step).
+void ek_adamw_rows(float* p, const float* g, float* m, float* v, int64_t rows, int64_t width, const uint8_t* active,
+                   const uint8_t* touched, float decay, float beta1, float beta2, float step_size, float bc2_sqrt,
+                   float eps, float inv_scale, int threads) {
+  threads = rows * width >= PARALLEL_FROM ? std::max(1, threads) : 1;
+  const float keep1 = 1.0f - beta1, keep2 = 1.0f - beta2;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* pr = p + r * width;
+    if (!touched[r] && !active[r]) {
+      if (decay != 1.0f) {
+        int64_t j = 0;
+        for (; j + VW <= width; j += VW) storeu(pr + j, loadu(pr + j) * decay);
+        for (; j < width; ++j) pr[j] *= decay;
+      }
+      continue;
+    }
+    float* mr = m + r * width;
+    float* vr = v + r * width;
+    const float* gr = touched[r] ? g + r * width : nullptr;
+    int64_t j = 0;
+    for (; j + VW <= width; j += VW) {
+      const vf grad = gr ? loadu(gr + j) * inv_scale : splat(0.0f);
+      const vf mean = loadu(mr + j) * beta1 + grad * keep1;
+      const vf square = loadu(vr + j) * beta2 + grad * grad * keep2;
+      const vf root = vsqrt(square);
+      storeu(mr + j, mean);
+      storeu(vr + j, square);
+      storeu(pr + j, loadu(pr + j) * decay - step_size * mean / (root / bc2_sqrt + eps));
+    }
+    for (; j < width; ++j) {
+      const float grad = gr ? gr[j] * inv_scale : 0.0f;
+      mr[j] = mr[j] * beta1 + grad * keep1;
+      vr[j] = vr[j] * beta2 + grad * grad * keep2;
+      pr[j] = pr[j] * decay - step_size * mr[j] / (std::sqrt(vr[j]) / bc2_sqrt + eps);
+    }
+  }
 }
 
 }  // extern "C"

@@ -22,6 +22,14 @@ static inline vf splat(float a) { return vf{} + a; }
 static inline vf loadu(const float* p) { return *(const vfu*)p; }
 static inline void storeu(float* p, vf v) { *(vfu*)p = v; }
 
+static inline vf vsqrt(vf x) {  // correctly rounded, as std::sqrt
+#if VW == 16
+  return (vf)_mm512_sqrt_ps((__m512)x);
+#else
+  return (vf)_mm256_sqrt_ps((__m256)x);
+#endif
+}
+
 static inline vf vexp(vf x) {
   x = x > splat(88.3762626647949f) ? splat(88.3762626647949f) : x;
   x = x < splat(-87.3365447505531f) ? splat(-87.3365447505531f) : x;
