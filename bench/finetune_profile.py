@@ -42,6 +42,7 @@ CONTAINERS = {
     "aten::_fused_adamw_": "optimizer", "aten::_fused_adam_": "optimizer", "aten::_foreach_add_": "optimizer",
     "aten::_foreach_norm": "gradient norm and clipping", "aten::_foreach_mul_": "gradient norm and clipping",
     "aten::linalg_vector_norm": "gradient norm and clipping",
+    "encoderkit::adamw_rows": "optimizer", "encoderkit::gradient_norm": "gradient norm and clipping",
     "_Dropout": "dropout", "_DropoutBackward": "dropout", "_Masked": "dropout", "_MaskedBackward": "dropout",
     "aten::native_dropout": "dropout", "aten::bernoulli_": "dropout",
 }

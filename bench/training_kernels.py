@@ -12,6 +12,8 @@ Three measurements, each in interleaved rounds (medians), 2 threads unless ``--t
   384), LayerNorm over a batch's tokens (336, 764 and 2,378 rows);
 - encoderkit's whole training step (bench/finetune_profile.py's, the same grouped batches) with the kernels and with
   them turned off, alternating batch by batch;
+- the optimizer's part of the step with the word table's rows apart (the gradient norm and ``ek_adamw_rows`` read
+  the rows a step can change) and without (torch's fused AdamW over every parameter);
 - what the step's linear layers' products reach on this CPU (GFLOP/s of torch's fp32 products at the MLP's shapes for
   a batch's tokens, forward, input gradient and weight gradient) against a square 2048 product: how close to the
   machine's speed the largest part of the step already runs.
@@ -107,6 +109,67 @@ def products(tasks: list[str], rounds: int) -> list[dict[str, Any]]:
             for name, part in functions]
 
 
+def update(task: str, rounds: int) -> dict[str, Any]:
+    """The optimizer's part of a step (gradient norm with the clipping scale, then AdamW) as Trainer.train_step takes
+    it, the word table's rows apart (``EmbeddingRows.rows``: the norm and ``ek_adamw_rows`` read the rows a step can
+    change), against the same without rows (the norm of every gradient, torch's fused AdamW over every parameter).
+    Two copies of the model in one state: the word table's m and v non-zero on the rows looked up by the epoch's
+    first batches, up to the epoch's mean share of rows ever looked up (a row's share of the epoch, averaged); the
+    gradients those of one batch's rows (the table) and random (the rest). Interleaved calls."""
+    import copy
+
+    import finetune as bench
+
+    from encoderkit.training.trainer import clip_gradients, make_optimizer, optimizer_step
+
+    with tempfile.TemporaryDirectory(prefix="training-kernels-") as scratch:
+        trainer = bench.prepare(task, Path(scratch), group_by_length=True).trainer
+        steps = len(trainer.train_data) // trainer.config.batch_size
+        word = trainer.model.encoder.embeddings.word.weight
+        seen, shares, batches = torch.zeros(word.shape[0], dtype=torch.bool), [], []
+        for _ in range(steps):
+            batch = trainer._next_micro_batch()
+            ids = torch.unique(batch["input_ids"][batch["attention_mask"].bool()])
+            batches.append(ids)
+            seen[ids] = True
+            shares.append(float(seen.float().mean()))
+        mean_share = statistics.mean(shares)
+        upto = next(i for i, share in enumerate(shares) if share >= mean_share)
+        active = torch.unique(torch.cat(batches[:upto + 1]))
+        touched = batches[upto + 1]
+        models = [trainer.model, copy.deepcopy(trainer.model)]
+        generator = torch.Generator().manual_seed(0)
+        grads = {name: torch.randn(p.shape, generator=generator) * 1e-3 for name, p in models[0].named_parameters()}
+        first = dict(grads)
+        first["encoder.embeddings.word.weight"] = torch.zeros_like(word)
+        first["encoder.embeddings.word.weight"][active] = torch.randn(len(active), word.shape[1]) * 1e-3
+        table = torch.zeros_like(word)
+        table[touched] = torch.randn(len(touched), word.shape[1]) * 1e-3
+        grads["encoder.embeddings.word.weight"] = table
+        optimizers = []
+        for model in models:
+            optimizer = make_optimizer(model, trainer.config)
+            for name, p in model.named_parameters():
+                p.grad = first[name].clone()
+            optimizer.step()  # the state: m and v of the table non-zero on the active rows alone
+            for name, p in model.named_parameters():
+                p.grad = grads[name].clone()
+            optimizers.append(optimizer)
+        rows = {id(models[0].encoder.embeddings.word.weight): touched}
+
+        def with_rows() -> None:
+            clip_gradients(models[0].parameters(), 1.0, optimizers[0], rows)
+            optimizer_step(optimizers[0], rows)
+
+        def without() -> None:
+            clip_gradients(models[1].parameters(), 1.0, optimizers[1])
+            optimizer_step(optimizers[1])
+
+        times = interleaved({"with rows": with_rows, "without": without}, rounds, 20)
+    return {"task": task, "active_share": len(active) / word.shape[0], "touched_rows": len(touched),
+            "parameters": sum(p.numel() for p in models[0].parameters()), "table": word.numel(), "seconds": times}
+
+
 def step(task: str, batches_wanted: int, rounds: int) -> dict[str, Any]:
     """The step with and without the kernels, alternating batch by batch (which goes first alternates too): the host's
     drift hits both alike. Per round, the mean step of each; the medians of the rounds and of their ratios."""
@@ -164,6 +227,14 @@ def main() -> None:
     gemm = products(tasks, args.rounds)
     for row in gemm:
         print(f"{row['shape']}, {row['product']}: {row['gflops']:.1f} GFLOP/s", flush=True)
+    updates = []
+    for task in tasks:
+        row = update(task, args.rounds)
+        updates.append(row)
+        times = row["seconds"]
+        print(f"{task}: optimizer {times['with rows'] * 1e3:.1f} ms with the table's rows, {times['without'] * 1e3:.1f} "
+              f"without ({times['without'] / times['with rows']:.2f}x; {100 * row['active_share']:.0f}% of the rows "
+              f"active, {row['touched_rows']} looked up)", flush=True)
     steps = []
     for task in tasks:
         row = step(task, args.batches, args.rounds)
@@ -172,7 +243,7 @@ def main() -> None:
         print(f"{task}: step {times['with the kernels'] * 1e3:.1f} ms with the kernels, {times['without'] * 1e3:.1f} "
               f"without ({row['speedup']:.2f}x, the median of the rounds' ratios)", flush=True)
     write_result("training_kernels", {"threads": args.threads, "rounds": args.rounds, "dropout": P, "ops": ops,
-                                      "products": gemm, "steps": steps,
+                                      "products": gemm, "steps": steps, "updates": updates,
                                       "command": "python bench/training_kernels.py " + " ".join(
                                           f"--{k} {v}" for k, v in vars(args).items())})
 
@@ -195,6 +266,17 @@ def render(r: dict[str, Any]) -> list[str]:
              f"**{row['speedup']:.2f}x**"] for row in r["steps"]]
     lines += _table(["task", "tokens a batch", "step with the kernels, ms", "without, ms",
                      "speed-up (median of the rounds' ratios)"], rows) + [""]
+    if r.get("updates"):
+        lines += ["The optimizer's part of the step (the gradient norm with the clipping scale, then AdamW) with the "
+                  "word table's rows apart (the norm and the native AdamW read the rows a step can change) and "
+                  "without (the norm of every gradient, torch's fused AdamW over every parameter): two copies of the "
+                  "model in one state, the table's m and v non-zero on the rows the epoch's first batches looked up, "
+                  "up to the epoch's mean share of rows ever looked up; one batch's rows as the gradient.", ""]
+        rows = [[row["task"], f"{100 * row['active_share']:.0f}%", str(row["touched_rows"]),
+                 f"{row['seconds']['with rows'] * 1e3:.1f}", f"{row['seconds']['without'] * 1e3:.1f}",
+                 f"**{row['seconds']['without'] / row['seconds']['with rows']:.2f}x**"] for row in r["updates"]]
+        lines += _table(["task", "rows active", "rows looked up", "with rows, ms", "without, ms", "speed-up"],
+                        rows) + [""]
     if r.get("products"):
         lines += ["The linear layers' products (torch's fp32, the same run): GFLOP/s at the MLP's shapes against a "
                   "square product.", ""]

@@ -189,7 +189,8 @@ def clip_gradients(parameters: Iterator[nn.Parameter], max_norm: float,
     if not with_grads:
         return 0.0
     rows = rows or {}
-    total = gradient_norm([p.grad.index_select(0, rows[id(p)]) if id(p) in rows else p.grad for p in with_grads])
+    with torch.profiler.record_function("encoderkit::gradient_norm"):
+        total = gradient_norm([p.grad.index_select(0, rows[id(p)]) if id(p) in rows else p.grad for p in with_grads])
     coefficient = max_norm / (total + 1e-6)
     if coefficient < 1.0:  # torch's coefficient, clamped at 1
         if scales_in_step(optimizer):
@@ -220,8 +221,9 @@ def optimizer_step(optimizer: torch.optim.Optimizer, rows: dict[int, torch.Tenso
             for param, grad in held:
                 param.grad = grad
         scale = getattr(optimizer, "grad_scale", None)
-        for param, group, ids in tables:
-            _adamw_rows(optimizer, param, group, ids, 1.0 if scale is None else 1.0 / float(scale))
+        with torch.profiler.record_function("encoderkit::adamw_rows"):  # the native pass, named in a profile
+            for param, group, ids in tables:
+                _adamw_rows(optimizer, param, group, ids, 1.0 if scale is None else 1.0 / float(scale))
     finally:
         optimizer.__dict__.pop("grad_scale", None)
 
