@@ -372,8 +372,7 @@ void layer_norm(float* x, int rows, int n, const float* weight, const float* bia
     int i = 0;
     vf sum = splat(0.0f);
     for (; i + VW <= n; i += VW) sum += loadu(row + i);
-    float total = 0.0f;
-    for (int j = 0; j < VW; j++) total += sum[j];
+    float total = horizontal_sum(sum);
     for (; i < n; i++) total += row[i];
     const float mean = total / n;
     vf squares = splat(0.0f);
@@ -381,8 +380,7 @@ void layer_norm(float* x, int rows, int n, const float* weight, const float* bia
       vf d = loadu(row + i) - mean;
       squares += d * d;
     }
-    float variance = 0.0f;
-    for (int j = 0; j < VW; j++) variance += squares[j];
+    float variance = horizontal_sum(squares);
     for (; i < n; i++) variance += (row[i] - mean) * (row[i] - mean);
     const float inverse = 1.0f / std::sqrt(variance / n + eps);
     for (i = 0; i < n; i++) row[i] = (row[i] - mean) * inverse * weight[i] + bias[i];

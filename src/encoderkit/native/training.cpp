@@ -169,18 +169,6 @@ struct RowMask {
   }
 };
 
-inline float horizontal_max(vf v) {
-  float m = v[0];
-  for (int l = 1; l < VW; ++l) m = std::max(m, v[l]);
-  return m;
-}
-
-inline float horizontal_sum(vf v) {
-  float s = 0.0f;
-  for (int l = 0; l < VW; ++l) s += v[l];
-  return s;
-}
-
 // Rows of attention scores run on ``threads`` threads when the scores are at least this many elements.
 constexpr int64_t ROWS_PARALLEL_FROM = 1 << 15;
 

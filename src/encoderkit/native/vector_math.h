@@ -22,6 +22,18 @@ static inline vf splat(float a) { return vf{} + a; }
 static inline vf loadu(const float* p) { return *(const vfu*)p; }
 static inline void storeu(float* p, vf v) { *(vfu*)p = v; }
 
+static inline float horizontal_sum(vf v) {  // lane 0 first, in order
+  float s = 0.0f;
+  for (int l = 0; l < VW; ++l) s += v[l];
+  return s;
+}
+
+static inline float horizontal_max(vf v) {
+  float m = v[0];
+  for (int l = 1; l < VW; ++l) m = v[l] > m ? v[l] : m;
+  return m;
+}
+
 static inline vf vsqrt(vf x) {  // correctly rounded, as std::sqrt
 #if VW == 16
   return (vf)_mm512_sqrt_ps((__m512)x);

@@ -251,10 +251,17 @@ def _row_tables(optimizer: torch.optim.Optimizer,
     return found
 
 
-# id(exp_avg of a table) -> (a weak reference to it, its rows' active marks, and the state's step count and exp_avg's
-# and exp_avg_sq's versions when the marks were last right). A step of torch's moves the count on (its fused kernel
-# leaves the versions as they were), an in-place change a version: the marks are then found again from m and v.
-_ACTIVE: dict[int, tuple[weakref.ref, torch.Tensor, float, int, int]] = {}
+def _active_rows(optimizer: torch.optim.Optimizer, param: nn.Parameter, state: dict[str, Any]) -> torch.Tensor:
+    """The rows of a table whose m or v may be non-zero (uint8 marks). ``_adamw_rows`` keeps them on the optimizer
+    between its steps; they are found again from m and v when they may no longer be right: the state is another
+    (loaded), its step count moved without ``_adamw_rows`` (a step of torch's: its fused kernel leaves tensor versions
+    as they are) or a version moved (an in-place change)."""
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    known = optimizer.__dict__.get("_encoderkit_row_marks", {}).get(id(param))
+    if known is not None and known[0]() is exp_avg and known[2] == (float(state["step"]), exp_avg._version,
+                                                                     exp_avg_sq._version):
+        return known[1]
+    return ((exp_avg != 0).any(1) | (exp_avg_sq != 0).any(1)).to(torch.uint8)
 
 
 def _adamw_rows(optimizer: torch.optim.Optimizer, param: nn.Parameter, group: dict[str, Any], ids: torch.Tensor,
@@ -265,14 +272,7 @@ def _adamw_rows(optimizer: torch.optim.Optimizer, param: nn.Parameter, group: di
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    known = _ACTIVE.get(id(exp_avg))
-    if known is not None and known[0]() is exp_avg and known[2:] == (float(state["step"]), exp_avg._version,
-                                                                         exp_avg_sq._version):
-        active = known[1]
-    else:
-        for key in [key for key, entry in _ACTIVE.items() if entry[0]() is None]:
-            del _ACTIVE[key]
-        active = ((exp_avg != 0).any(1) | (exp_avg_sq != 0).any(1)).to(torch.uint8)
+    active = _active_rows(optimizer, param, state)
     touched = torch.zeros(param.shape[0], dtype=torch.uint8)
     touched[ids] = 1
     state["step"] += 1
@@ -284,7 +284,8 @@ def _adamw_rows(optimizer: torch.optim.Optimizer, param: nn.Parameter, group: di
                       step_size=lr / (1.0 - beta1 ** step), bc2_sqrt=math.sqrt(1.0 - beta2 ** step), eps=group["eps"],
                       inv_scale=inv_scale)
     active |= touched
-    _ACTIVE[id(exp_avg)] = (weakref.ref(exp_avg), active, step, exp_avg._version, exp_avg_sq._version)
+    marks = optimizer.__dict__.setdefault("_encoderkit_row_marks", {})  # not in the state dict: found again on load
+    marks[id(param)] = (weakref.ref(exp_avg), active, (step, exp_avg._version, exp_avg_sq._version))
 
 
 def length_grouped(order: np.ndarray, lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
