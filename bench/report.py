@@ -264,11 +264,15 @@ def render_long_context(r: dict[str, Any]) -> list[str]:
 
 def render_peers(r: dict[str, Any]) -> list[str]:
     versions = ", ".join(f"{name} {version}" for name, version in r["versions"].items())
-    kept = r.get("kept_as")
+    kept = r.get("kept_as")  # "native_bf16" / "no_native_bf16": the last run on the other kind of CPU
+    native = kept == "native_bf16" or (kept and kept.startswith("the last run on a CPU with native bf16"))
     title = "## encoderkit against other CPU runtimes (`bench/peers.py`)" + (
-        ", on a CPU with native bf16 (an earlier run)" if kept else "")
-    lines = [title, "", *([f"Kept from {kept}: its bf16 rows were measured with native bf16 units, which the newer "
-                           "run's CPU lacks.", ""] if kept else []), _machine(r), "",
+        f", on a CPU {'with' if native else 'without'} native bf16 (an earlier run)" if kept else "")
+    kept_note = ("Kept from the last run on a CPU with native bf16: its bf16 rows were measured with native bf16 "
+                 "units, which the newer run's CPU lacks." if native else
+                 "Kept from the last run on a CPU without native bf16 (its bf16 rows emulated): the newer run's CPU has "
+                 "native bf16 units, so this one shows the other tier of CPU.")
+    lines = [title, "", *([kept_note, ""] if kept else []), _machine(r), "",
              f"{r['model']}; {r['texts']:,} texts from `../shared/bench/sentences.txt`; {r['threads_per_runtime']} "
              f"threads set explicitly for every runtime; length-sorted batches of {r['batch_size']}; truncation to "
              f"{r['max_length']} tokens; mean pooling and L2 normalisation. Texts in, vectors out: tokenization is "

@@ -136,7 +136,7 @@ def test_native_follows_changed_weights(tmp_path):
 
 
 def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
-    """More tokens than MAX_TOKENS, bf16, and a bad id: the PyTorch layers, with their results and errors."""
+    """More tokens than MAX_TOKENS and a bad id: the PyTorch layers, with their results and errors."""
     config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=native.MAX_TOKENS + 20)
     engine = engine_for(model, "fp32")
     ids, types = sequences(config, [native.MAX_TOKENS + 10])
@@ -153,9 +153,25 @@ def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
             model.embeddings.word(torch.tensor(bad[0]))
     assert str(native_error.value) == str(torch_error.value)
 
-    bf16_model = load_model(tmp_path)
-    engine_states(engine_for(bf16_model, "bf16"), [[5, 6, 7]], None)
-    assert native.kernel_of(bf16_model) is None
+
+
+def test_bf16_small_batches_take_the_fp32_kernel(tmp_path):
+    """A bf16 model's batches of at most MAX_TOKENS tokens run the kernel in fp32 (faster there than bf16 products,
+    see encoderkit.native): transformers' fp32 states to the parity tolerance. A longer batch keeps its bf16 products:
+    close to transformers, but not to fp32 rounding."""
+    config, reference, _ = reference_and_ours("bert", tmp_path, max_position_embeddings=native.MAX_TOKENS + 20)
+    model = load_model(tmp_path)
+    engine = engine_for(model, "bf16")
+    long_ids, _ = sequences(config, [native.MAX_TOKENS + 10], seed=5)
+    long_want = expected_states(reference, config, long_ids, None)[0]
+    long_got = engine_states(engine, long_ids, None)[0]
+    assert native.kernel_of(model) is None  # no batch small enough yet
+    long_diff = float((long_got - long_want).abs().max())
+    assert 1e-4 < long_diff < 0.1, f"a long bf16 batch differs from fp32 by {long_diff:.3g}: not bf16 products?"
+
+    ids, types = sequences(config, [13, 9, 6], seed=6)
+    assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), "bf16, small")
+    assert native.kernel_of(model) is not None
 
 
 def test_modern_families_are_not_eligible():

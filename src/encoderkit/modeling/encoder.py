@@ -238,7 +238,7 @@ class EncoderModel(nn.Module):
         if keep is not None and output_hidden_states:
             raise InputError("keep= returns some rows' final states; it cannot return every layer's states too")
         if not (output_hidden_states or output_attentions or score_parts is not None):
-            # few tokens, fp32 inference of a post-norm family: the whole forward in one native call
+            # few tokens, fp32 or bf16 inference of a post-norm family: the whole forward in one native fp32 call
             # (``encoderkit.native``; a kernel switch, the same layers)
             native = native_forward(self, input_ids, token_type_ids, position_ids, packing)
             if native is not None:
