@@ -264,8 +264,8 @@ def render_long_context(r: dict[str, Any]) -> list[str]:
 
 def render_peers(r: dict[str, Any]) -> list[str]:
     versions = ", ".join(f"{name} {version}" for name, version in r["versions"].items())
-    kept = r.get("kept_as")  # "native_bf16" / "no_native_bf16": the last run on the other kind of CPU
-    native = kept == "native_bf16" or (kept and kept.startswith("the last run on a CPU with native bf16"))
+    kept = r.get("kept_as")  # set on the last run of the other kind of CPU (bench/peers.py's keep_other_tier_run)
+    native = bool(r["machine"].get("native_bf16"))
     title = "## encoderkit against other CPU runtimes (`bench/peers.py`)" + (
         f", on a CPU {'with' if native else 'without'} native bf16 (an earlier run)" if kept else "")
     kept_note = ("Kept from the last run on a CPU with native bf16: its bf16 rows were measured with native bf16 "

@@ -154,7 +154,6 @@ def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
     assert str(native_error.value) == str(torch_error.value)
 
 
-
 def test_bf16_small_batches_take_the_fp32_kernel(tmp_path):
     """A bf16 model's batches of at most MAX_TOKENS tokens run the kernel in fp32 (faster there than bf16 products,
     see encoderkit.native): transformers' fp32 states to the parity tolerance. A longer batch keeps its bf16 products:

@@ -188,19 +188,17 @@ def sum_of_squares(tensors: list[torch.Tensor]) -> float | None:
 
 def adamw_rows(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                active: torch.Tensor, touched: torch.Tensor, *, decay: float, betas: tuple[float, float],
-               step_size: float, bc2_sqrt: float, eps: float, inv_scale: float) -> bool:
+               step_size: float, bc2_sqrt: float, eps: float, inv_scale: float) -> None:
     """AdamW's step of a table (``ek_adamw_rows``) whose gradient is zero outside the rows marked in ``touched``
     (uint8, one a row); ``active`` marks the rows touched at an earlier step (m and v are zero in the others). All
-    contiguous fp32 CPU tensors of the same 2-D shape but the marks. False, with nothing done, where the library is
-    not built."""
+    contiguous fp32 CPU tensors of the same 2-D shape but the marks. The caller checks ``library()`` first."""
     lib = library()
     if lib is None:
-        return False
+        raise RuntimeError(f"the native AdamW step is not available here: {status()}")
     rows, width = param.shape
     lib.ek_adamw_rows(param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), rows, width,
                       active.data_ptr(), touched.data_ptr(), decay, betas[0], betas[1], step_size, bc2_sqrt, eps,
                       inv_scale, torch.get_num_threads())
-    return True
 
 
 def status() -> str:
