@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from encoderkit import Embedder, InputError
 from encoderkit.engine import Engine, engine_for
-from encoderkit.modeling.inference import Int8Prepacked, for_inference, int8_layers
-from encoderkit.precision import Precision, cpu_has_vnni, resolve_dtype
+from encoderkit.modeling.inference import Int8Prepacked, for_inference, int8_layers, int8_weight_levels
+from encoderkit.precision import Precision, resolve_dtype
 from encoderkit.quantization import MEAN_COSINE_MIN, WORST_COSINE_MIN
 
 from conftest import shared_file
@@ -47,30 +47,65 @@ def test_int8_matches_fp32_closely_for_every_family(family) -> None:
     assert (int8 - exact).abs().max() > 1e-6  # it did run in int8
 
 
+def fake_quantised(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, levels: int) -> torch.Tensor:
+    """The int8 product written out in fp32: weights per output channel (symmetric, codes -levels..levels),
+    activations per matrix (asymmetric uint8, one scale and zero point from the matrix's min and max)."""
+    w_scale = weight.abs().amax(1, keepdim=True) / levels
+    w_q = torch.round(weight / w_scale).clamp(-levels, levels) * w_scale
+    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    scale = (high - low) / 255
+    zero = round(-low / scale)
+    x_q = (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
+    return F.linear(x_q, w_q, bias)
+
+
 @pytest.mark.parametrize("rows", [14, 300])  # FBGEMM's kernel (few rows, with AVX512-VNNI) and oneDNN's
 def test_int8_products_equal_a_fake_quantised_reference(rows) -> None:
-    """Weights per output channel (symmetric int8), activations per matrix (asymmetric uint8): the kernel's
-    product equals the same arithmetic written out in fp32."""
+    """The kernel's product equals its own arithmetic written out in fp32, to fp32 rounding, on every CPU: 8-bit
+    weight codes where the kernel sums exactly, 7-bit ones where it adds pairs in 16 bits."""
     torch.manual_seed(0)
     x = torch.randn(rows, 64) * 3 + 1
     x[:, 7] *= 8
     weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
-    w_scale = weight.abs().amax(1, keepdim=True) / 127
-    w_q = torch.round(weight / w_scale).clamp(-127, 127) * w_scale
-    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    levels = 255
-    scale = (high - low) / levels
-    zero = round(-low / scale)
-    x_q = (torch.clamp(torch.round(x / scale) + zero, 0, levels) - zero) * scale
-    expected = F.linear(x_q, w_q, bias)
-    got = Int8Prepacked([weight], [bias], "test")(x)
-    # Without VNNI oneDNN halves the weights (7 bits) so that AVX2's 16-bit sums cannot overflow.
-    tolerance = 1e-3 if cpu_has_vnni() else 2e-2
-    assert (got - expected).abs().max() < tolerance * expected.abs().max()
+    layer = Int8Prepacked([weight], [bias], "test")
+    got = layer(x)
+    assert layer.levels == int8_weight_levels()
+    expected = fake_quantised(x, weight, bias, layer.levels)
+    assert (got - expected).abs().max() < 1e-4 * expected.abs().max()
     assert (got - F.linear(x, weight, bias)).abs().max() > 1e-3  # not the fp32 product
 
 
-def test_small_products_run_on_fbgemm_only_where_it_computes_as_onednn(monkeypatch) -> None:
+@pytest.mark.parametrize("rows", [1, 14, 300])
+def test_int8_products_do_not_saturate_at_the_largest_codes(rows) -> None:
+    """Every activation code 255 against weights of one sign at their largest code: the pair sums that
+    saturate a 16-bit accumulator (AVX2's vpmaddubsw) with 8-bit weights. The product stays exact."""
+    x = torch.rand(rows, 384) * 0.01 + 4.0  # min 0 (the zero point), the largest values code to 255
+    weight = torch.rand(40, 384) * 0.01 + 0.5  # one sign: nothing cancels
+    layer = Int8Prepacked([weight], [None], "worst")
+    got = layer(x)
+    expected = fake_quantised(x, weight, None, layer.levels)
+    assert (got - expected).abs().max() < 1e-4 * expected.abs().max()
+
+
+def test_the_weight_levels_follow_the_kernels_sums(monkeypatch) -> None:
+    """7-bit weight codes exactly where the product kernel would saturate 8-bit ones, so that a CPU with VNNI keeps
+    its extra bit; and a layer built where sums saturate has codes within -63..63."""
+    from encoderkit.modeling import inference
+
+    exact = inference._sums_exactly("onednn")
+    assert int8_weight_levels() == (127 if exact or not inference._int8_kernel_available() else 63)
+    monkeypatch.setattr(inference, "_sums_exactly", lambda engine: False)
+    torch.manual_seed(3)
+    layer = Int8Prepacked([torch.randn(32, 48)], [None], "seven")
+    x = torch.randn(5, 48)
+    got = layer(x)
+    if inference._int8_kernel_available():
+        assert layer.levels == 63 and int(layer.quantized.abs().max()) == 63
+    assert (got - fake_quantised(x, layer.weight, None, layer.levels)).abs().max() < 1e-4 * got.abs().max()
+    assert layer.packed_small is None  # FBGEMM's small products only where both engines sum exactly
+
+
+def test_small_products_run_on_fbgemm_only_where_it_computes_as_onednn() -> None:
     from encoderkit.modeling import inference
 
     torch.manual_seed(1)
@@ -86,10 +121,6 @@ def test_small_products_run_on_fbgemm_only_where_it_computes_as_onednn(monkeypat
         assert (small - large).abs().max() < 1e-5 * large.abs().max()
         assert (layer(x) - small).abs().max() == 0
         assert (layer(x.repeat(20, 1))[:14] - large).abs().max() == 0  # 280 rows: oneDNN
-    monkeypatch.setattr("encoderkit.precision.cpu_flags", lambda: frozenset({"avx2", "avx_vnni"}))
-    without = Int8Prepacked([weight], [bias], "test")
-    without(x)
-    assert without.packed_small is None  # FBGEMM's 16-bit sums could saturate without AVX512-VNNI
 
 
 def test_int8_prepared_model_still_trains_exactly_and_saves_the_same_state() -> None:

@@ -169,15 +169,51 @@ def _onednn_prepack(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.T
 # Products of at most this many rows run on FBGEMM where it computes them exactly as oneDNN does (below).
 SMALL_PRODUCT_ROWS = 128
 
+# Weight codes: 8-bit where the engine sums u8 x s8 products exactly in 32 bits (VNNI), 7-bit where it adds pairs
+# of them into 16 bits first (AVX2's vpmaddubsw, AVX-512 without VNNI): 2 x 255 x 63 = 32130 fits in 16 bits, while
+# 2 x 255 x 127 = 64770 saturates at 32767, which silently costs large outputs whole units.
+EXACT_WEIGHT_LEVELS = 127
+PAIR_SUM_WEIGHT_LEVELS = 63
+
+
+@functools.lru_cache(maxsize=None)
+def _sums_exactly(engine: str) -> bool:
+    """Whether ``engine``'s dynamic int8 product sums u8 x s8 products without saturating, found by running the
+    worst case once (every activation code 255, every weight code 127) at a few row counts, since engines pick
+    kernels by shape. This asks the kernel itself, not the CPU's flags: the same CPU takes a saturating path under
+    ``ONEDNN_MAX_CPU_ISA=AVX2``, and FBGEMM uses VNNI only with AVX-512."""
+    if engine not in torch.backends.quantized.supported_engines:
+        return False
+    depth, outputs = 64, 8
+    codes = torch.full((outputs, depth), EXACT_WEIGHT_LEVELS, dtype=torch.int8)
+    scales = torch.ones(outputs)
+    try:
+        packed = _onednn_prepack(codes, scales, None, engine=engine)
+    except RuntimeError:
+        return False
+    for rows in (1, 14, 200):
+        x = torch.zeros(rows, depth)
+        x[:, 1:] = 255.0  # min 0, max 255: scale 1, zero point 0, every code but the first 255
+        exact = 255.0 * EXACT_WEIGHT_LEVELS * (depth - 1)
+        out = torch.ops.quantized.linear_dynamic(x, packed, False)
+        if float((out - exact).abs().max()) > 1e-3 * exact:
+            return False
+    return True
+
 
 def _fbgemm_for_small_products() -> bool:
-    """FBGEMM's dynamic int8 product costs less per call than oneDNN's: at 14 rows (one short text), all-MiniLM's
-    24 products took 0.70 ms against oneDNN's 1.13 ms (fp32: 1.30 ms); at 128 rows 3.16 against 3.38 ms; at 512
-    rows it is 2x slower (16.3 against 7.6 ms). It adds uint8 x int8 pairs into 16 bits, which can saturate,
-    unless the CPU has AVX512-VNNI (exact 32-bit sums); with it the two engines agree to fp32 rounding."""
-    from ..precision import cpu_flags
+    """FBGEMM's dynamic int8 product costs less per call than oneDNN's at few rows (one short text) and more at
+    hundreds (bench/int8.py). It adds uint8 x int8 pairs into 16 bits unless the CPU has AVX512-VNNI, so it takes
+    the small products only where both engines sum exactly and so give the same numbers."""
+    return _sums_exactly("fbgemm") and _sums_exactly("onednn")
 
-    return "fbgemm" in torch.backends.quantized.supported_engines and "avx512_vnni" in cpu_flags()
+
+def int8_weight_levels(device: torch.device | str = "cpu") -> int:
+    """The largest weight code the int8 product takes on ``device``: 127 where the kernel's sums are exact, 63
+    where it adds pairs in 16 bits. The fp32 emulation (a GPU, or PyTorch without oneDNN) is exact: 127."""
+    if torch.device(device).type != "cpu" or not _int8_kernel_available():
+        return EXACT_WEIGHT_LEVELS
+    return EXACT_WEIGHT_LEVELS if _sums_exactly("onednn") else PAIR_SUM_WEIGHT_LEVELS
 
 
 class Int8Prepacked(Prepacked):
@@ -193,9 +229,9 @@ class Int8Prepacked(Prepacked):
     Why this scheme (measured on all-MiniLM-L6-v2, STS-B dev, bench/int8.py): activations after LayerNorm and
     GELU are skewed, so an asymmetric 8-bit range per matrix loses ~0.01 Spearman points, where a symmetric one
     loses 0.30 and a 7-bit one (``reduce_range``, the default of ``torch.ao.quantization.quantize_dynamic``)
-    0.31-0.53. Without 8-bit dot-product instructions (VNNI: AVX2, early AVX-512), oneDNN halves the weights
-    itself so that AVX2's 16-bit sums cannot overflow (7-bit weights): correct, a little less exact, and no
-    faster than fp32 there.
+    0.31-0.53. Without 8-bit dot-product instructions (VNNI: AVX2, early AVX-512) the kernels add u8 x s8 pairs
+    into 16 bits, which saturates; there the weights take 7-bit codes (``int8_weight_levels``), whose pair sums
+    fit, so the product is still exact to its own arithmetic.
 
     Activation outliers (a few channels far larger than the rest) cost a per-matrix range most of its
     resolution; ``smooth`` moves them into the weights (SmoothQuant), choosing per layer the strength that
@@ -215,6 +251,7 @@ class Int8Prepacked(Prepacked):
         self.inverse_smoothing: torch.Tensor | None = None
         self.alpha: float | None = None
         self.packed_small = None  # FBGEMM's pack, for products of few rows (``_fbgemm_for_small_products``)
+        self.levels = EXACT_WEIGHT_LEVELS  # the largest weight code (``int8_weight_levels``), set by ``_build``
 
     SAMPLE_ROWS = 512
 
@@ -234,7 +271,8 @@ class Int8Prepacked(Prepacked):
             smoothing = None if alpha is None else \
                 (self.observed.clamp_min(1e-5).pow(alpha) / weight_max.pow(1 - alpha)).clamp(1e-3, 1e3)
             inverse = None if smoothing is None else 1.0 / smoothing
-            approx = _int8_arithmetic(rows, _dequantized(*_int8_weight(self.weight, smoothing)), self.bias, inverse)
+            approx = _int8_arithmetic(rows, _dequantized(*_int8_weight(self.weight, smoothing, self.levels)),
+                                      self.bias, inverse)
             error = float((approx - exact).norm())
             if error < best_error:
                 best, best_error = (alpha, smoothing, inverse), error
@@ -246,7 +284,8 @@ class Int8Prepacked(Prepacked):
     def _build(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight = weight.float().contiguous()
         self.bias = None if bias is None else bias.float().contiguous()
-        self.quantized, self.scales = _int8_weight(self.weight, self.smoothing)
+        self.levels = int8_weight_levels(self.weight.device)
+        self.quantized, self.scales = _int8_weight(self.weight, self.smoothing, self.levels)
         self.packed = self.packed_small = None
         if self.weight.device.type == "cpu" and _int8_kernel_available():
             try:
@@ -290,11 +329,13 @@ class Int8Prepacked(Prepacked):
         return out.reshape(*shape[:-1], out.shape[-1])
 
 
-def _int8_weight(weight: torch.Tensor, smoothing: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, in) weight (times the smoothing of its input channels) -> int8 codes and per-output-channel scales."""
+def _int8_weight(weight: torch.Tensor, smoothing: torch.Tensor | None,
+                 levels: int = EXACT_WEIGHT_LEVELS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, in) weight (times the smoothing of its input channels) -> codes in -levels..levels and
+    per-output-channel scales."""
     scaled = weight if smoothing is None else weight * smoothing
-    scales = (scaled.abs().amax(dim=1) / 127).clamp_min(1e-12)
-    return torch.round(scaled / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
+    scales = (scaled.abs().amax(dim=1) / levels).clamp_min(1e-12)
+    return torch.round(scaled / scales[:, None]).clamp_(-levels, levels).to(torch.int8), scales
 
 
 def _dequantized(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -453,4 +494,5 @@ def prepack(model: nn.Module) -> None:
 
 
 __all__ = ["Int8Prepacked", "PackedLinear", "SMALL_FP32_ROWS", "for_inference", "fused_product", "int8_layers",
+           "int8_weight_levels",
            "mkl_for_small_products", "plus_product", "prepack"]
