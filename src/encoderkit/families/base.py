@@ -40,6 +40,9 @@ class Family:
     final_norm: bool = False  # a LayerNorm after the last layer (pre-norm families)
     first_layer_attention_norm: bool = True  # ModernBERT's first layer has no attention norm
     embedding_projection: str = "after_norm"  # ALBERT/ELECTRA project after the norm; DeBERTa before, no bias
+    # The order of the embedding sum, which fp32 rounding sees (1 ulp, then amplified by a loss's scale): BERT's
+    # (word + type) + position; DeBERTa's (word + position) + type
+    types_before_positions: bool = True
     has_pooler: bool = False  # the base model carries a [CLS] pooler (dense + tanh)
     positions_from_padding: bool = False  # RoBERTa: position ids count real tokens, from pad_token_id + 1
     always_project_embeddings: bool = False  # ALBERT maps embeddings to hidden size even when they are equal

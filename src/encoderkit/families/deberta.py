@@ -15,7 +15,8 @@ FAMILY = Family(
     own_fields=("embedding_size", "relative_attention", "max_relative_positions", "position_buckets", "pos_att_type",
                 "share_att_key", "norm_rel_ebd", "absolute_positions", "conv_kernel_size", "conv_groups",
                 "conv_act", "pooler_dropout", "pooler_hidden_act", "legacy"),
-    factorised_embeddings=True, embedding_projection="before_norm", classifier="context_pooler",
+    factorised_embeddings=True, embedding_projection="before_norm", types_before_positions=False,
+    classifier="context_pooler",
     base_rules=(
         ("embeddings.word", "embeddings.word_embeddings"),
         ("embeddings.position", "embeddings.position_embeddings"),

@@ -55,6 +55,16 @@ class Embeddings(nn.Module):
             return padding_position_ids(input_ids, self.config.pad_token_id)
         return torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
 
+    def _plus_positions(self, x: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+        if self.position is None:
+            return x
+        return x + self.position(self.position_ids(input_ids) if position_ids is None else position_ids)
+
+    def _plus_types(self, x: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        if self.token_type is None:
+            return x
+        return x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -62,13 +72,10 @@ class Embeddings(nn.Module):
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.word(input_ids)
-        if self.position is not None:
-            x = x + self.position(self.position_ids(input_ids) if position_ids is None else position_ids)
-        if self.token_type is not None:
-            if token_type_ids is None:
-                x = x + self.token_type.weight[0]
-            else:
-                x = x + self.token_type(token_type_ids)
+        if self.config.family.types_before_positions:
+            x = self._plus_positions(self._plus_types(x, token_type_ids), input_ids, position_ids)
+        else:
+            x = self._plus_types(self._plus_positions(x, input_ids, position_ids), token_type_ids)
         if self.projection is not None and self.project_first:
             x = self.projection(x)
         x = self.dropout(self.norm(x))

@@ -37,11 +37,23 @@ class CoSENTLoss(StepWork, nn.Module):
     def forward(self, u: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         batch = check_embeddings("CoSENTLoss", ("u", "v"), u, v)
         scores = check_targets("CoSENTLoss", "scores", scores, batch).to(u.device)
-        cosine = F.cosine_similarity(u.float(), v.float(), dim=1) * self.scale
+        # the cosine as the dot product of unit vectors, as sentence-transformers computes it (the same value; the
+        # same rounding, which the scale of 20 would otherwise carry into the gradients)
+        cosine = (F.normalize(u.float(), dim=1) * F.normalize(v.float(), dim=1)).sum(dim=1) * self.scale
         if self.gather_across_processes and world_and_rank()[0] > 1:
             self.once(("sizes", batch), lambda: check_batch_sizes("CoSENTLoss", batch, u.device))
             cosine, scores = gather(cosine), gather(scores.contiguous())
-        differences = cosine[None, :] - cosine[:, None]  # [i, j] = lambda * (cos_j - cos_i)
-        ordered = scores[:, None] > scores[None, :]  # [i, j]: pair i should score above pair j
-        terms = differences.masked_select(ordered)
-        return torch.logsumexp(torch.cat([terms.new_zeros(1), terms]), dim=0)  # the 1 inside the log: exp(0)
+        return ordered_pairs_logsumexp(cosine, scores)
+
+
+def ordered_pairs_logsumexp(cosine: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """log(1 + sum over s_i > s_j of exp(cos_j - cos_i)) without the n x n matrix: with the pairs sorted by score,
+    each pair j adds cos_j plus the log-sum of exp(-cos_i) over the pairs of strictly higher score, a suffix of the
+    sorted order (ties excluded by searching for the end of each score's run). O(n log n) time, O(n) memory."""
+    scores, order = scores.sort()
+    cosine = cosine[order]
+    first_higher = torch.searchsorted(scores, scores, right=True)
+    suffix = torch.logcumsumexp(-cosine.flip(0), dim=0).flip(0)
+    suffix = torch.cat([suffix, cosine.new_full((1,), float("-inf"))])  # the highest scores: nothing above
+    terms = cosine + suffix[first_higher]
+    return torch.logsumexp(torch.cat([terms.new_zeros(1), terms]), dim=0)  # the 1 inside the log: exp(0)

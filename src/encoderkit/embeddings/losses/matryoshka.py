@@ -68,9 +68,13 @@ class MatryoshkaLoss(nn.Module):
         # the batch-size check) is done once (losses/_distributed.StepWork).
         scope = getattr(self.loss, "step_scope", None)
         with scope() if scope is not None else nullcontext():
+            cut = list(embeddings)
             for dim, weight in zip(self.dims, self.weights):
-                cut = [self.truncate(e, dim) if isinstance(e, torch.Tensor) and e.dim() == 2 else e
-                       for e in embeddings]
+                # Each prefix is cut from the previous (normalised) one, largest first: the same vectors as cutting
+                # the full embedding, and the rounding of sentence-transformers' MatryoshkaLoss, which shrinks its
+                # cached embeddings in place dimension after dimension (a cosine loss's scale of 20 carries a
+                # one-ulp difference into the gradients).
+                cut = [self.truncate(e, dim) if isinstance(e, torch.Tensor) and e.dim() == 2 else e for e in cut]
                 term = weight * self.loss(*cut, **targets)
                 total = term if total is None else total + term
         return total
