@@ -136,3 +136,75 @@ def test_200k_lines_in_bounded_memory_with_progress(tmp_path: Path, tiny: Path) 
     assert rss_kib < 2 * 1024 * 1024, f"resident memory peaked at {rss_kib / 1024:.0f} MiB"
     assert "embedding: 200,000 texts" in done.stderr  # the progress summary (bar on a terminal)
     assert np.load(out, mmap_mode="r").shape == (200_000, 32)
+
+
+def _interrupted_run(source: Path, out: Path, embedder: Embedder) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        embed_file(source, out, embedder=Interrupting(embedder, 2), chunk_size=100, show_progress=False)
+    assert json.loads((out.parent / (out.name + ".progress.json")).read_text())["done"] == 100
+
+
+def _perturbed(tiny: Path) -> Embedder:
+    import torch
+
+    changed = Embedder.from_pretrained(tiny)
+    with torch.no_grad():
+        changed.model.layers[0].ffn_out.bias.add_(1e-3)  # one small change anywhere in the weights
+    return changed
+
+
+CHANGED_SETTINGS = {  # setting -> the embedder of a resumed run that differs from the first in that alone
+    "weights": _perturbed,
+    "dtype": lambda tiny: Embedder.from_pretrained(tiny, dtype="int8"),
+    "pooling": lambda tiny: Embedder.from_pretrained(tiny, pooling="cls"),
+    "normalize": lambda tiny: Embedder.from_pretrained(tiny, normalize=True),
+    "max_length": lambda tiny: Embedder.from_pretrained(tiny, max_length=16),
+    "long_text": lambda tiny: Embedder.from_pretrained(tiny, long_text="window"),
+    "truncate_dim": lambda tiny: Embedder.from_pretrained(tiny, truncate_dim=16),
+    "prompt": lambda tiny: Embedder.from_pretrained(tiny, prompt="query: "),
+}
+
+
+@pytest.mark.parametrize("setting", sorted(CHANGED_SETTINGS))
+def test_resume_with_a_changed_setting_is_refused(tmp_path: Path, tiny: Path, embedder: Embedder,
+                                                  setting: str) -> None:
+    """Rows of two kinds of vectors must never share one output: a resume whose vectors would differ is refused,
+    naming the setting, and the partial run stays resumable with its own settings."""
+    from encoderkit import InputError
+
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(f"text number {i} " + "word " * (i % 40) for i in range(300)))
+    out = tmp_path / "o.npy"
+    _interrupted_run(source, out, embedder)
+    with pytest.raises(InputError, match=rf"other settings \({setting} |; {setting} ") as error:
+        embed_file(source, out, embedder=CHANGED_SETTINGS[setting](tiny), chunk_size=100, show_progress=False)
+    assert "--restart" in str(error.value)
+    assert not out.exists() and (tmp_path / "o.npy.partial").exists()
+    result = embed_file(source, out, embedder=embedder, chunk_size=100, show_progress=False)
+    assert result.resumed_from == 100
+    assert np.abs(np.load(out) - embedder.encode(source.read_text().split("\n"))).max() < 1e-6
+
+
+def test_cli_resume_with_other_settings_is_one_line_and_restart_starts_over(tmp_path: Path, tiny: Path,
+                                                                           embedder: Embedder, capsys) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(f"text {i}" for i in range(300)))
+    out = tmp_path / "o.npy"
+    _interrupted_run(source, out, embedder)
+    assert main(["embed", str(source), "--out", str(out), "--model", str(tiny), "--chunk-size", "100",
+                 "--prompt", "passage: "]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("encoderkit:")]
+    assert len(lines) == 1 and "prompt None -> 'passage: '" in lines[0], lines
+    assert main(["embed", str(source), "--out", str(out), "--model", str(tiny), "--chunk-size", "100",
+                 "--prompt", "passage: ", "--restart"]) == 0
+    prompted = Embedder.from_pretrained(tiny, prompt="passage: ")
+    assert np.abs(np.load(out) - prompted.encode([f"text {i}" for i in range(300)])).max() < 1e-6
+
+
+def test_prompt_equals_sentence_transformers(tiny: Path) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    texts = ["how do I reset a password?", "the cat sat on the mat", "ok"]
+    theirs = st.SentenceTransformer(str(tiny), device="cpu").encode(texts, prompt="query: ")
+    ours = Embedder.from_pretrained(tiny, prompt="query: ").encode(texts)
+    assert np.abs(ours - theirs).max() < 1e-5
+    assert np.abs(ours - Embedder.from_pretrained(tiny).encode(texts)).max() > 1e-3  # the prompt did something

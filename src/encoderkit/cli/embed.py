@@ -37,6 +37,8 @@ from .options import (
 @click.option("--chunk-size", type=int, default=4096, show_default=True,
               help="records per written chunk (--engine ray: per shard, the unit of work and of resumption)")
 @truncate_dim_option()
+@click.option("--prompt", default=None,
+              help='text put before every record, as the model expects it (e.g. "passage: ", "search_document: ")')
 @restart_option("ignore the progress of an interrupted run and start over (--engine ray: delete its shards)")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this process; ray: a pool of Ray actors over JSONL/Parquet/text files (a file, a directory "
@@ -48,12 +50,16 @@ from .options import (
 def embed(input_path: str, out_path: str, model: str | None, dtype: str, device: str, fmt: str | None,
           text_field: str | None,
           id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, truncate_dim: int | None,
-          restart: bool, engine: str, address: str | None, workers: int | None,
+          prompt: str | None, restart: bool, engine: str, address: str | None, workers: int | None,
           threads_per_worker: int | None) -> None:
     """Embed records, streamed and resumable: a text/JSONL/CSV file into a float32 .npy (input order) plus ids,
     or with --engine ray, JSONL/Parquet/text shards into Parquet shards on a Ray cluster."""
-    embedder_options = dict(dtype=dtype, max_length=max_length, long_text=long_text, truncate_dim=truncate_dim)
+    embedder_options = dict(dtype=dtype, max_length=max_length, long_text=long_text, truncate_dim=truncate_dim,
+                            prompt=prompt)
     if engine == "ray":
+        from ..extras import require
+
+        require("ray", "encoderkit embed --engine ray")  # before the cluster starts or a model loads
         from ..embeddings.distributed import embed_with_ray
 
         if device != "cpu":
@@ -176,8 +182,11 @@ def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metr
           nprobe: int | None, rescore_multiplier: int | None, train_sample: int | None, seed: int | None) -> None:
     """Build a search index from an embeddings .npy (as written by `encoderkit embed`) or a directory of
     Parquet shards (columns id, embedding, and a manifest.json), streamed in bounded memory."""
+    from ..extras import require
     from ..jobs import build_index_job
 
+    if kind != "exact":
+        require("ann", f"encoderkit index --kind {kind}")
     params = {name: value for name, value in (("nlist", nlist), ("pq_m", pq_m), ("opq", opq or None),
                                               ("nprobe", nprobe), ("rescore_multiplier", rescore_multiplier),
                                               ("train_sample", train_sample), ("seed", seed)) if value is not None}

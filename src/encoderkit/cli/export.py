@@ -26,7 +26,10 @@ def export(model_dir: str, format_name: str, int8: bool, out_dir: str, overwrite
            as_json: bool) -> None:
     """Export MODEL (a model directory, or "default") with dynamic batch and sequence-length axes."""
     from ..export import export_model
+    from ..extras import require
 
+    if format_name == "onnx":
+        require("onnx", "encoderkit export --format onnx")
     result = export_model(model_dir, out_dir, format=format_name, int8=int8, overwrite=overwrite, task=task)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -49,13 +49,11 @@ def serve(model: str, extra_models: tuple[str, ...], host: str, port: int, index
           steady_memory: bool, dtype: str) -> int:
     """Serve MODEL (a directory, NAME=DIR, or "default") and the --model ones over HTTP: /embed,
     /v1/embeddings, /rerank, /predict, /ner, /qa, /fill-mask, /tokenize, /search, /info, /metrics, /docs."""
-    try:
-        from ..server.run import serve as run_server
-    except ImportError as exc:  # pragma: no cover - the serve extra is missing
-        from ..errors import InputError
-
-        raise InputError(f"serving needs FastAPI and uvicorn: pip install 'encoderkit[serve]' ({exc})") from exc
     from ..errors import InputError
+    from ..extras import require
+
+    require("serve", "encoderkit serve")  # before a model is loaded
+    from ..server.run import serve as run_server
     from ..server import ModelRegistry, ServerSettings
 
     if max_batch_tokens is not None and max_batch_tokens < 1:

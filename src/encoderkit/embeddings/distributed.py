@@ -119,7 +119,7 @@ def model_record(model: str | Path | None, embedder_options: dict[str, Any]) -> 
     record = {"name": str(model) if model is not None else "default", "path": str(resolved.root.resolve()),
               "model_type": config.model_type, "sha256": hashlib.sha256(json.dumps(files).encode()).hexdigest(),
               "pooling": info.pooling if info else "mean", "normalize": bool(info and info.normalize),
-              **{k: embedder_options.get(k) for k in ("dtype", "max_length", "long_text", "truncate_dim")}}
+              **{k: embedder_options.get(k) for k in ("dtype", "max_length", "long_text", "truncate_dim", "prompt")}}
     return record, truncate_dim or config.hidden_size
 
 
@@ -231,10 +231,12 @@ def collect_shards(batches: Iterable[dict[str, np.ndarray]],
 
 
 def _require_ray() -> None:
+    from ..extras import require
+
+    require("ray", f"--engine ray (Ray Data, ray[data]=={RAY_VERSION})")
     try:
-        import ray  # noqa: F401
         import ray.data  # noqa: F401
-    except ImportError as exc:
+    except ImportError as exc:  # ray without its data part
         raise InputError(f"--engine ray needs Ray Data: pip install 'encoderkit[ray]' (ray[data]=={RAY_VERSION}); "
                          f"{exc}") from exc
 

@@ -6,6 +6,7 @@ length, grouped under a token budget, packed without padding, and restored to in
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -59,7 +60,8 @@ class Embedder:
     def __init__(self, model: EncoderModel, tokenizer: Tokenizer, *, pooling: str = "mean", normalize: bool = False,
                  max_length: int | None = None, dtype: str | torch.dtype = "fp32", token_budget: int | None = None,
                  long_text: str = "truncate", window_stride: int | None = None,
-                 truncate_dim: int | None = None, device: str | torch.device | None = None) -> None:
+                 truncate_dim: int | None = None, device: str | torch.device | None = None,
+                 prompt: str | None = None) -> None:
         if pooling not in POOLING_MODES:
             raise InputError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
         if long_text not in LONG_TEXT_MODES:
@@ -80,6 +82,10 @@ class Embedder:
         self.long_text = long_text
         self.window_stride = window_stride if window_stride is not None else self.max_length // 4
         self.truncate_dim = check_truncate_dim(truncate_dim, model.config.hidden_size)
+        if prompt is not None and not isinstance(prompt, str):
+            raise InputError(f"prompt must be a string, found {type(prompt).__name__}")
+        # Prepended to every text before tokenising, as sentence-transformers' prompt= ("query: ", ...)
+        self.prompt = prompt or None
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, pooling: str | None = None,
@@ -163,7 +169,7 @@ class Embedder:
             check_truncate_dim(truncate_dim, self.model.config.hidden_size)
         out = torch.zeros(len(texts), self.model.config.hidden_size, dtype=torch.float32)
         if len(texts):
-            ids, types, owner = self._tokenize(texts)
+            ids, types, owner = self._tokenize(texts if self.prompt is None else [self.prompt + t for t in texts])
             if len(ids) > len(texts):  # a text's windows are averaged, weighted by their token counts
                 pieces = self.encode_tokens(ids, types, batch_size=batch_size, lanes=lanes)
                 rows = torch.from_numpy(owner)
@@ -245,14 +251,11 @@ def embed_file(input_path: str | Path, out_path: str | Path, *, model: str | Pat
     ids_path, partial, ids_partial, progress_path = _output_paths(out_path)
     stat = input_path.stat()
     signature = {"input": str(input_path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns,
-                 "rows": total, "dimension": embedder.dimension, "model": str(embedder.model.config.model_type)}
+                 "rows": total, "settings": vector_settings(embedder)}
 
     done = 0
     if resume and progress_path.is_file() and partial.is_file() and ids_partial.is_file():
-        state = json.loads(progress_path.read_text(encoding="utf-8"))
-        if state.get("signature") == signature:
-            done = int(state["done"])
-            log.warning("resuming %s: %d of %d rows were already written", out_path, done, total)
+        done = _resumable_rows(json.loads(progress_path.read_text(encoding="utf-8")), signature, out_path)
     if done:
         vectors = np.lib.format.open_memmap(partial, mode="r+")
         _truncate_lines(ids_partial, done)
@@ -284,6 +287,56 @@ def embed_file(input_path: str | Path, out_path: str | Path, *, model: str | Pat
     ids_partial.replace(ids_path)
     progress_path.unlink(missing_ok=True)
     return EmbedResult(out_path, ids_path, total, embedder.dimension, resumed_from=done)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A digest of every tensor of ``model``'s state (names, dtypes, shapes and bytes): the identity of the weights
+    that a partial run's rows were computed with, whatever directory they were loaded from."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def vector_settings(embedder: Embedder) -> dict[str, object]:
+    """Everything that changes the vectors ``embedder`` writes: the weights, precision, pooling, normalisation,
+    truncation (length, long-text windows, dimension) and the prompt. Rows written under other settings must not
+    be mixed with new ones, so a resume compares these."""
+    return {"model": str(embedder.model.config.model_type), "weights": weights_digest(embedder.model),
+            "dimension": embedder.dimension, "dtype": _precision_name(embedder),
+            "pooling": embedder.pooling, "normalize": bool(embedder.normalize), "max_length": embedder.max_length,
+            "long_text": embedder.long_text, "window_stride": embedder.window_stride,
+            "truncate_dim": embedder.truncate_dim, "prompt": getattr(embedder, "prompt", None)}
+
+
+def _precision_name(embedder: Embedder) -> str:
+    """fp32, bf16 or int8 (with the layers int8 keeps in fp32, which change its vectors too)."""
+    precision = embedder.engine.precision
+    kept = f" fp32_layers={','.join(precision.fp32_layers)}" if precision.int8 and precision.fp32_layers else ""
+    return precision.name + kept
+
+
+def _resumable_rows(state: dict, signature: dict, out_path: Path) -> int:
+    """The rows an earlier run wrote that this run may keep: all of them where the input and the settings are the
+    same; none where the input changed (the partial rows belong to another file: start over). Settings that changed
+    are refused: the rows written so far would be mixed with vectors of another kind."""
+    earlier = state.get("signature") or {}
+    same_input = all(earlier.get(key) == signature[key] for key in ("input", "size", "mtime", "rows"))
+    if not same_input or "settings" not in earlier:
+        log.warning("%s: the partial run was made from another input (or by an older encoderkit); starting over",
+                    out_path)
+        return 0
+    changed = [f"{key} {earlier['settings'].get(key)!r} -> {value!r}"
+               for key, value in signature["settings"].items() if earlier["settings"].get(key) != value]
+    if changed:
+        raise InputError(f"{out_path} has a partial run of {int(state.get('done', 0)):,} rows made with other "
+                         f"settings ({'; '.join(changed)}); resuming would mix two kinds of vectors. Rerun with the "
+                         "same settings to resume, or pass --restart (resume=False) to start over")
+    done = int(state["done"])
+    log.warning("resuming %s: %d of %d rows were already written", out_path, done, signature["rows"])
+    return done
 
 
 def _truncate_lines(path: Path, keep: int) -> None:
