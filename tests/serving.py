@@ -47,10 +47,13 @@ def saved_index(root: Path, minilm_dir: Path, passages: list[str]) -> Path:
 
 
 @asynccontextmanager
-async def client_of(app: Any, headers: dict[str, str] | None = None) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client on the app, inside the app's lifespan (batchers started, stopped after)."""
+async def client_of(app: Any, headers: dict[str, str] | None = None,
+                    raise_app_exceptions: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client on the app, inside the app's lifespan (batchers started, stopped after).
+    ``raise_app_exceptions=False``: a request whose error is a 500 gets its response, as a client of the real
+    server would (by default the exception is raised in the test, which makes every bug loud)."""
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver", headers=headers,
                                      timeout=60) as client:
             yield client

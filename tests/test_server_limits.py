@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 import pytest
 
 pytest.importorskip("fastapi")
@@ -315,3 +317,38 @@ def test_rerank_and_predict_share_the_classifier_batches(registry):
     answers, batches = asyncio.run(go())
     assert [a.status_code for a in answers] == [200, 200]
     assert [len(b) for b in batches] == [1, 4]
+
+
+def test_one_bad_item_in_a_batch_fails_only_its_own_request(registry):
+    """An item the model cannot take (here: a run that raises on one sequence, as a kernel might on an input it
+    was not built for) fails its request alone: the batch is retried by halves, the other requests of the same
+    batch are answered 200 with their own vectors, and the server goes on serving."""
+    poison = "poison " * 20
+
+    async def go():
+        app = create_app(registry)
+        async with client_of(app, raise_app_exceptions=False) as client:
+            batcher = app.state.server.batchers[(EMBEDDER, "embed")]
+            embed = batcher.run
+            poisoned_length = len(registry.get(EMBEDDER).tokenizer.encode(poison).input_ids)
+
+            def run(items):
+                if any(len(ids) == poisoned_length for ids, _ in items):
+                    raise RuntimeError("this sequence cannot be embedded")
+                return embed(items)
+
+            batcher.run = run
+            queued = [("/embed", {"inputs": poison if i == 3 else f"text number {i}"}) for i in range(8)]
+            answers, batches = await behind_a_busy_model(batcher, client, ("/embed", {"inputs": "first"}), queued, 8)
+            alone = [(await client.post("/embed", json=body)).json() for _, body in queued if body["inputs"] != poison]
+            after = await client.post("/embed", json=GOOD)
+            return answers, batches, alone, after
+
+    answers, batches, alone, after = asyncio.run(go())
+    assert [len(b) for b in batches[:2]] == [1, 8]  # the eight shared one batch, which failed
+    assert answers[3].status_code == 500 and "cannot be embedded" in answers[3].json()["error"]
+    good = [a for i, a in enumerate(answers) if i != 3]
+    assert all(a.status_code == 200 for a in good), [a.text for a in good]
+    for answer, single in zip(good, alone):  # each got its own vector, not a neighbour's
+        assert abs(np.array(answer.json()) - np.array(single)).max() < 1e-5
+    assert after.status_code == 200

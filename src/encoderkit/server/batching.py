@@ -116,27 +116,38 @@ class Batcher:
                 self._set_depth()
                 if not batch:
                     break
-                payloads = [item.payload for item in batch]
-                self.batches += 1
                 self.metrics.batch_size.observe(len(batch), **self.labels)
                 self.metrics.batch_tokens.observe(len(batch) * max(item.cost for item in batch), **self.labels)
-                try:
-                    results = await loop.run_in_executor(self.executor, self.run, payloads)
-                except asyncio.CancelledError:
-                    for item in batch:
-                        item.future.cancel()
-                    raise
-                except Exception as exc:  # the batch's requests fail; the batcher goes on
-                    log.debug("batch of %d failed in %s", len(batch), self.name, exc_info=True)
-                    for item in batch:
-                        if not item.future.done():
-                            item.future.set_exception(exc)
-                    continue
-                orphaned = 0
-                for item, result in zip(batch, results):
-                    if item.future.done():  # its request went away while the batch ran
-                        orphaned += 1
-                    else:
-                        item.future.set_result(result)
-                if orphaned:
-                    self.metrics.orphaned.inc(orphaned, **self.labels)
+                await self._run_isolating(loop, batch)
+
+    async def _run_isolating(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
+        """Runs ``batch``; where it fails, runs its halves, and so on down to single items, so that an item the
+        model cannot take fails its own request alone while the others get their results (log2(n) extra runs
+        to find one bad item among n)."""
+        self.batches += 1
+        try:
+            results = await loop.run_in_executor(self.executor, self.run, [item.payload for item in batch])
+        except asyncio.CancelledError:
+            for item in batch:
+                item.future.cancel()
+            raise
+        except Exception as exc:
+            live = [item for item in batch if not item.future.done()]
+            if len(live) <= 1:  # this item's own failure: its request fails, the batcher goes on
+                log.debug("an item failed in %s", self.name, exc_info=True)
+                for item in live:
+                    item.future.set_exception(exc)
+                return
+            log.debug("batch of %d failed in %s; retrying it by halves", len(live), self.name, exc_info=True)
+            half = len(live) // 2
+            await self._run_isolating(loop, live[:half])
+            await self._run_isolating(loop, live[half:])
+            return
+        orphaned = 0
+        for item, result in zip(batch, results):
+            if item.future.done():  # its request went away while the batch ran
+                orphaned += 1
+            else:
+                item.future.set_result(result)
+        if orphaned:
+            self.metrics.orphaned.inc(orphaned, **self.labels)
