@@ -243,7 +243,8 @@ def test_cli_eval_sts_int8_within_three_tenths_of_fp32(capsys) -> None:
 def test_task_pipelines_run_int8(tiny_classifier_dir) -> None:
     from encoderkit import Classifier
 
-    texts = ["a first sentence", "and a second, longer one with more words", "third"]
+    # more tokens than the native kernel's small batches (MAX_TOKENS), which run in fp32 where it has no int8
+    texts = ["a first sentence", "and a second, longer one with more words", "third"] * 8
     exact = Classifier.from_pretrained(tiny_classifier_dir).logits(texts)
     int8 = Classifier.from_pretrained(tiny_classifier_dir, dtype="int8")
     assert int8.quantization is not None and int8.quantization.texts == 40

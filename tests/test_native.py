@@ -318,18 +318,46 @@ def test_native_int8_keeps_fp32_layers_and_follows_changes(tmp_path):
     compare("after the change")
 
 
-def test_int8_without_vnni_runs_the_pytorch_layers(tmp_path, monkeypatch):
-    """A CPU without 8-bit dot products (AVX2, early AVX-512): an int8 model runs PyTorch's int8 kernels, and
-    ``status`` says why; fp32 still takes the kernel."""
+def test_int8_without_vnni_runs_small_batches_in_fp32(tmp_path, monkeypatch, caplog):
+    """A CPU without 8-bit dot products (AVX2, early AVX-512): ``status`` says why the kernel has no int8; an int8
+    model's batches of at most MAX_TOKENS tokens take the kernel in fp32 (the fp32 engine's states exactly, said once
+    in the log), larger ones PyTorch's int8 kernels (their states, not fp32's), and the guard's calibration still
+    measures the int8 layers (no kernel while it runs)."""
+    import logging
+
+    from encoderkit.engine import Engine
+    from encoderkit.precision import Precision
+
     monkeypatch.setattr(native.library(), "ek_int8", lambda: 0)
+    monkeypatch.setattr(native, "_said", set())
     assert not native.int8_available() and "int8 needs AVX512-VNNI or AVX-VNNI" in native.status()
     config, reference, model = reference_and_ours("bert", tmp_path)
-    ids, types = sequences(config, [9])
+    small, large = sequences(config, [9]), sequences(config, [40, 31])  # 9 tokens; 71 > MAX_TOKENS
+    fp32_engine = engine_for(model, "fp32")
     int8_model = load_model(tmp_path)
-    engine_states(engine_for(int8_model, "int8"), ids, types)
-    assert native.kernel_of(int8_model) is None
-    engine_states(engine_for(model, "fp32"), ids, types)
-    assert native.kernel_of(model) is not None
+    with caplog.at_level(logging.INFO, logger="encoderkit.native"):
+        int8_engine = Engine(int8_model, Precision.quantized("task", smoothing=False))
+        int8_small = engine_states(int8_engine, *small)
+    plan = native.kernel_of(int8_model)
+    assert plan is not None and plan.int8_in_fp32 and not plan.int8 and len(plan.quantized) == 4 * len(model.layers)
+    assert "int8 without 8-bit dot products" in caplog.text and caplog.text.count("int8 without") == 1
+    for a, b in zip(int8_small, engine_states(fp32_engine, *small)):
+        assert torch.equal(a, b)  # the fp32 kernel, exactly
+    torch_int8 = load_model(tmp_path)
+    torch_engine = Engine(torch_int8, Precision.quantized("task", smoothing=False))
+    native.disable(torch_int8)
+    for a, b, c in zip(engine_states(int8_engine, *large), engine_states(torch_engine, *large),
+                       engine_states(fp32_engine, *large)):
+        assert torch.equal(a, b) and float((a - c).abs().max()) > 1e-4  # PyTorch's int8 kernels, not fp32
+    for product in plan.quantized:
+        product.observing = True
+    assert plan.calibrating()
+
+    def not_while_calibrating(*args, **kwargs):
+        raise AssertionError("the kernel ran while the int8 layers were being calibrated")
+
+    monkeypatch.setattr(native.NativeEncoder, "__call__", not_while_calibrating)
+    engine_states(int8_engine, *small)  # the PyTorch layers, which observe
 
 
 @needs_int8

@@ -12,8 +12,8 @@ int8 (``dtype="int8"``): the linear layers ``for_inference`` made int8 (``modeli
 weights per output channel, SmoothQuant factors from the accuracy guard's calibration) run here as int8 products
 too, with the same arithmetic: each product's input rows, divided by the smoothing, quantised to uint8 with one scale
 and zero point for the matrix (its minimum and maximum), then summed exactly in 32 bits by 8-bit dot-product
-instructions (AVX512-VNNI, or AVX-VNNI on 256-bit vectors) and scaled back to fp32. Without those instructions the
-int8 model runs PyTorch's int8 kernels. The guard's calibration itself runs the PyTorch layers, which observe and
+instructions (AVX512-VNNI, or AVX-VNNI on 256-bit vectors) and scaled back to fp32. Without those instructions see
+below. The guard's calibration itself runs the PyTorch layers, which observe and
 measure. Measured on all-MiniLM-L6-v2 (Cascade Lake, 2 threads), one short text: 2.1 ms against 10.6 ms on
 PyTorch's int8 kernels (bench/latency_floor.py).
 
@@ -31,6 +31,12 @@ all-MiniLM-L6-v2, ``Embedder.encode``, interleaved, medians): one short text 1.1
 products, two 1.75 against 2.65, four 2.97 against 4.21. (On the AMX Xeon, in separate runs at 2 threads, bf16's
 single text took 5.2-6.2 ms and the fp32 kernel's 2.2 ms.) So a text's bf16 vector depends, within bf16's error
 (about 1e-3), on whether its batch was small enough for the kernel.
+
+int8 on a CPU without 8-bit dot products (AVX2, AVX-512 without VNNI): the kernel has no int8 product there, and
+PyTorch's int8 kernels cost more per call than the kernel's fp32 layers on small batches (bench/peers.py's
+single-text rows), so an int8 model's batches of at most ``MAX_TOKENS`` tokens run here in fp32, exact, and larger
+ones run PyTorch's int8 kernels, where int8 is the faster; this is logged once. The int8 guard's calibration still
+measures the int8 layers (``calibrating``).
 
 The same library holds kernels of the training step (``training.cpp``): dropout (Philox4x32-10 masks drawn and
 applied in one pass, drawn again for the backward pass; ``modeling.dropout``), attention's probabilities (softmax and
@@ -287,12 +293,16 @@ class NativeEncoder:
         self.native_embeddings = encoder.embeddings.projection is None  # else not of the hidden size
         self.tables: dict[str, int | float | None] = {}
         # (layer, product) -> the int8 product for_inference made, where it made one
-        self.int8 = {}
+        made = {}
         for index, layer in enumerate(encoder.layers):
             for name, module in self._linears(layer).items():
                 product = getattr(module, "prepacked", None)  # what for_inference made for it
                 if isinstance(product, Int8Prepacked):
-                    self.int8[index, name] = product
+                    made[index, name] = product
+        self.quantized = list(made.values())  # every int8 product, whether it runs here or not (``calibrating``)
+        # Without 8-bit dot products the kernel runs an int8 model's small batches in fp32 (see the module doc)
+        self.int8_in_fp32 = bool(made) and not lib.ek_int8()
+        self.int8 = {} if self.int8_in_fp32 else made
 
     @staticmethod
     def _linears(layer: nn.Module) -> dict[str, nn.Module | None]:
@@ -303,7 +313,7 @@ class NativeEncoder:
     def calibrating(self) -> bool:
         """Whether an int8 product is being calibrated or measured (``quantization.measure_int8``): then the
         PyTorch layers run, which observe and measure."""
-        return any(p.observing or p.errors is not None for p in self.int8.values())
+        return any(p.observing or p.errors is not None for p in self.quantized)
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
         weight = weight.detach().float().contiguous()
@@ -481,15 +491,26 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
             encoder.__dict__["_native_checked"] = True
             return None
         plan = NativeEncoder(encoder, lib)
-        if plan.int8 and not lib.ek_int8():
-            encoder.__dict__["_native_checked"] = True
-            return None
+        if plan.int8_in_fp32:
+            _say_once("int8 without 8-bit dot products (VNNI): batches of at most %d tokens run the native kernel in "
+                      "fp32, which is faster here than PyTorch's int8 kernels and exact; larger ones run int8",
+                      MAX_TOKENS)
         encoder.__dict__["_native"] = plan
     if not _fits(plan, tokens, packing):
         return None
-    if plan.int8 and plan.calibrating():
+    if plan.quantized and plan.calibrating():
         return None
     return plan(input_ids, token_type_ids, position_ids, packing.cu_seqlens)
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str, *args) -> None:
+    """Logs ``message`` once per process (a fact about this CPU, not about each model or call)."""
+    if message not in _said:
+        _said.add(message)
+        log.info(message, *args)
 
 
 def kernel_of(model: nn.Module) -> NativeEncoder | None:
