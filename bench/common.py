@@ -108,12 +108,41 @@ def source_revision(src: Path) -> str:
     return commit + ("+dirty" if run("status", "--porcelain", "--", ".") else "")
 
 
+PROVENANCE_PACKAGES = ("encoderkit", "torch", "numpy", "tokenizers", "transformers", "sentence-transformers",
+                       "onnxruntime", "openvino", "nncf", "ctranslate2")
+
+
+def provenance() -> dict[str, Any]:
+    """What a result was measured with: the commit and whether the tree differed from it, the command, the date,
+    the CPU and its flags, torch's threads and the versions of the libraries that decide speed."""
+    import importlib.metadata as metadata
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    versions = {}
+    for package in PROVENANCE_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    info = machine()
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--", "src",
+                                                                                "bench")),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": " ".join(["python", *[a for a in sys.argv if a]]).replace(str(ROOT) + "/", ""),
+            "cpu": info["cpu"], "cpu_flags": sorted(f for f, present in info["cpu_flags"].items() if present),
+            "threads": info["threads"], "versions": versions}
+
+
 def write_result(name: str, data: dict[str, Any], benchmark: str | None = None) -> Path:
-    """bench/results/<name>.json; ``benchmark`` (default ``name``) picks report.py's renderer."""
+    """bench/results/<name>.json, with its provenance; ``benchmark`` (default ``name``) picks report.py's
+    renderer."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     data = {"benchmark": benchmark or name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine(), **data}
+            "machine": machine(), "provenance": provenance(), **data}
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")
     return path

