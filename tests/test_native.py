@@ -199,10 +199,10 @@ def test_turned_off_by_the_environment():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# int8 (AVX512-VNNI or AVX-VNNI)
+# int8 (VNNI: exact sums of any codes; AVX2 or AVX512BW: pairs summed in 16 bits, codes within +-63)
 # ---------------------------------------------------------------------------------------------------------------
-needs_int8 = pytest.mark.skipif("not native.int8_available()", reason="the native int8 product needs AVX512-VNNI or "
-                                "AVX-VNNI, which this CPU lacks (int8 layers then run PyTorch's kernels)")
+needs_int8 = pytest.mark.skipif("not native.int8_available()", reason="the native int8 product needs AVX2 or AVX-512, "
+                                "which this CPU lacks (int8 models' small batches then run the kernel in fp32)")
 
 
 def int8_by_formula(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias: np.ndarray,
@@ -227,7 +227,8 @@ def test_int8_product_equals_its_formula(rows, smoothed):
     16 or 8 lanes), more rows than one block holds, skewed inputs as after GELU, with and without smoothing."""
     generator = np.random.default_rng(rows)
     x = (generator.standard_normal((rows, 37)) * 2 + 0.7).astype(np.float32)
-    codes = generator.integers(-127, 128, (70, 37)).astype(np.int8)
+    limit = native.int8_weight_limit()  # the codes this build sums exactly (what int8 weights get on this CPU)
+    codes = generator.integers(-limit, limit + 1, (70, 37)).astype(np.int8)
     scales = generator.uniform(1e-3, 2e-2, 70).astype(np.float32)
     bias = generator.standard_normal(70).astype(np.float32)
     inverse = generator.uniform(0.25, 4.0, 37).astype(np.float32) if smoothed else None
@@ -235,6 +236,31 @@ def test_int8_product_equals_its_formula(rows, smoothed):
                               torch.from_numpy(bias), None if inverse is None else torch.from_numpy(inverse)).numpy()
     want = int8_by_formula(x, codes, scales, bias, inverse)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@needs_int8
+@pytest.mark.parametrize("sign", [1, -1])
+def test_int8_product_is_exact_at_the_largest_codes(sign):
+    """Every activation code 255 against weight codes at this build's limit, all of one sign: the pair sums that
+    saturate a 16-bit accumulator with 8-bit codes. The product still equals its formula."""
+    limit = native.int8_weight_limit()
+    x = np.full((3, 64), 4.0, dtype=np.float32)
+    x[:, 0] = 0.0  # min 0: zero point 0, every other value codes to 255
+    codes = np.full((24, 64), sign * limit, dtype=np.int8)
+    scales, bias = np.full(24, 0.01, dtype=np.float32), np.zeros(24, dtype=np.float32)
+    got = native.int8_product(*(torch.from_numpy(a) for a in (x, codes, scales, bias))).numpy()
+    want = int8_by_formula(x, codes, scales, bias, None)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@needs_int8
+def test_int8_product_refuses_codes_its_sums_cannot_hold():
+    """A pair-sum build (AVX2, AVX512BW) sums codes within +-63 exactly; larger codes are refused, never rounded."""
+    if native.int8_weight_limit() == 127:
+        pytest.skip("this build sums every int8 code exactly (VNNI)")
+    codes = torch.full((8, 16), 100, dtype=torch.int8)
+    with pytest.raises(ValueError, match="within \\+-63"):
+        native.int8_product(torch.ones(2, 16), codes, torch.ones(8), torch.zeros(8))
 
 
 @needs_int8
@@ -318,19 +344,26 @@ def test_native_int8_keeps_fp32_layers_and_follows_changes(tmp_path):
     compare("after the change")
 
 
-def test_int8_without_vnni_runs_small_batches_in_fp32(tmp_path, monkeypatch, caplog):
-    """A CPU without 8-bit dot products (AVX2, early AVX-512): ``status`` says why the kernel has no int8; an int8
-    model's batches of at most MAX_TOKENS tokens take the kernel in fp32 (the fp32 engine's states exactly, said once
-    in the log), larger ones PyTorch's int8 kernels (their states, not fp32's), and the guard's calibration still
-    measures the int8 layers (no kernel while it runs)."""
+@pytest.mark.parametrize("kernel", ["no int8 product", "16-bit pair sums, 8-bit codes"])
+def test_int8_the_kernel_cannot_sum_runs_small_batches_in_fp32(kernel, tmp_path, monkeypatch, caplog):
+    """Where the kernel cannot sum an int8 model's codes exactly (a build without int8 instructions, or one that adds
+    pairs in 16 bits while PyTorch's kernels gave the weights 8-bit codes): an int8 model's batches of at most
+    MAX_TOKENS tokens take the kernel in fp32 (the fp32 engine's states exactly, said once in the log), larger ones
+    PyTorch's int8 kernels (their states, not fp32's), and the guard's calibration still measures the int8 layers
+    (no kernel while it runs)."""
     import logging
 
     from encoderkit.engine import Engine
     from encoderkit.precision import Precision
 
-    monkeypatch.setattr(native.library(), "ek_int8", lambda: 0)
+    if kernel == "no int8 product":
+        monkeypatch.setattr(native.library(), "ek_int8", lambda: 0)
+        assert not native.int8_available() and "int8 needs AVX2 or AVX-512" in native.status()
+    else:
+        monkeypatch.setattr(native.library(), "ek_int8", lambda: 2)
+        monkeypatch.setattr("encoderkit.modeling.inference.int8_weight_levels", lambda device="cpu": 127)
+        assert native.int8_weight_limit() == 63
     monkeypatch.setattr(native, "_said", set())
-    assert not native.int8_available() and "int8 needs AVX512-VNNI or AVX-VNNI" in native.status()
     config, reference, model = reference_and_ours("bert", tmp_path)
     small, large = sequences(config, [9]), sequences(config, [40, 31])  # 9 tokens; 71 > MAX_TOKENS
     fp32_engine = engine_for(model, "fp32")

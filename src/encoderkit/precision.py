@@ -48,6 +48,13 @@ def cpu_has_native_bf16() -> bool:
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
+# int8 weight codes: 8-bit where a kernel sums u8 x s8 products exactly in 32 bits (VNNI), 7-bit where it adds pairs
+# of them into 16 bits first (AVX2's vpmaddubsw, AVX-512 without VNNI): 2 x 255 x 63 = 32130 fits in 16 bits, while
+# 2 x 255 x 127 = 64770 saturates at 32767 (modeling.inference.int8_weight_levels, native.int8_weight_limit).
+EXACT_WEIGHT_LEVELS = 127
+PAIR_SUM_WEIGHT_LEVELS = 63
+
+
 def cpu_has_vnni() -> bool:
     """True when the CPU has 8-bit dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8), whose sums of
     u8 x s8 products cannot overflow (AVX2's vpmaddubsw saturates at 16 bits)."""

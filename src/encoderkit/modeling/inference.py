@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
 from .training_linear import linear
 
 
@@ -169,11 +170,6 @@ def _onednn_prepack(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.T
 # Products of at most this many rows run on FBGEMM where it computes them exactly as oneDNN does (below).
 SMALL_PRODUCT_ROWS = 128
 
-# Weight codes: 8-bit where the engine sums u8 x s8 products exactly in 32 bits (VNNI), 7-bit where it adds pairs
-# of them into 16 bits first (AVX2's vpmaddubsw, AVX-512 without VNNI): 2 x 255 x 63 = 32130 fits in 16 bits, while
-# 2 x 255 x 127 = 64770 saturates at 32767, which silently costs large outputs whole units.
-EXACT_WEIGHT_LEVELS = 127
-PAIR_SUM_WEIGHT_LEVELS = 63
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,11 +32,12 @@ products, two 1.75 against 2.65, four 2.97 against 4.21. (On the AMX Xeon, in se
 single text took 5.2-6.2 ms and the fp32 kernel's 2.2 ms.) So a text's bf16 vector depends, within bf16's error
 (about 1e-3), on whether its batch was small enough for the kernel.
 
-int8 on a CPU without 8-bit dot products (AVX2, AVX-512 without VNNI): the kernel has no int8 product there, and
-PyTorch's int8 kernels cost more per call than the kernel's fp32 layers on small batches (bench/peers.py's
-single-text rows), so an int8 model's batches of at most ``MAX_TOKENS`` tokens run here in fp32, exact, and larger
-ones run PyTorch's int8 kernels, where int8 is the faster; this is logged once. The int8 guard's calibration still
-measures the int8 layers (``calibrating``).
+int8 without VNNI (AVX2, AVX-512 without VNNI): the kernel adds pairs of u8 x s8 products into 16 bits
+(vpmaddubsw), as PyTorch's int8 kernels do there, which is exact for the 7-bit weight codes int8 weights get on
+such CPUs (``modeling.inference.int8_weight_levels``). Where the kernel cannot sum a model's codes exactly (no int8
+instructions, or 8-bit codes against 16-bit pair sums), an int8 model's batches of at most ``MAX_TOKENS`` tokens
+run here in fp32, exact and faster than PyTorch's int8 kernels on so few rows, and larger ones run PyTorch's int8
+kernels; this is logged once. The int8 guard's calibration always measures the int8 layers (``calibrating``).
 
 The same library holds kernels of the training step (``training.cpp``): dropout (Philox4x32-10 masks drawn and
 applied in one pass, drawn again for the backward pass; ``modeling.dropout``), attention's probabilities (softmax and
@@ -64,6 +65,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
 
 log = logging.getLogger(__name__)
 
@@ -212,13 +215,21 @@ def status() -> str:
     lib = library()
     if lib is None:
         return f"off: {_reason}"
-    int8 = "int8 too" if lib.ek_int8() else "fp32 only: int8 needs AVX512-VNNI or AVX-VNNI"
+    int8 = {0: "fp32 only: int8 needs AVX2 or AVX-512", 1: "int8 too, summed exactly (VNNI)",
+            2: f"int8 too, pairs summed in 16 bits (weight codes within +-{PAIR_SUM_WEIGHT_LEVELS})"}[lib.ek_int8()]
     return f"available ({lib.ek_vector_width() * 32}-bit vectors, {int8})"
 
 
+def int8_weight_limit() -> int:
+    """The largest weight code the kernel's int8 product sums exactly: 127 with VNNI, 63 where it adds pairs of
+    products in 16 bits (AVX2, AVX512BW), 0 where it has no int8 product."""
+    lib = library()
+    return {0: 0, 1: EXACT_WEIGHT_LEVELS, 2: PAIR_SUM_WEIGHT_LEVELS}[lib.ek_int8()] if lib is not None else 0
+
+
 def int8_available() -> bool:
-    """Whether the kernel runs int8 layers here (it needs 8-bit dot-product instructions: AVX512-VNNI or AVX-VNNI);
-    elsewhere a model with int8 layers runs the PyTorch layers."""
+    """Whether the kernel runs int8 layers here: with VNNI for any codes, with AVX2 or AVX512BW for the 7-bit codes
+    that int8 weights get on such CPUs; elsewhere an int8 model's small batches run the kernel in fp32."""
     lib = library()
     return lib is not None and bool(lib.ek_int8())
 
@@ -272,7 +283,7 @@ class NativeEncoder:
     its codes, scales and SmoothQuant factors; the others in fp32."""
 
     def __init__(self, encoder: nn.Module, lib: ctypes.CDLL) -> None:
-        from ..modeling.inference import Int8Prepacked
+        from ..modeling.inference import Int8Prepacked, int8_weight_levels
 
         self.encoder, self.lib = encoder, lib
         self.width = lib.ek_vector_width()
@@ -300,8 +311,9 @@ class NativeEncoder:
                 if isinstance(product, Int8Prepacked):
                     made[index, name] = product
         self.quantized = list(made.values())  # every int8 product, whether it runs here or not (``calibrating``)
-        # Without 8-bit dot products the kernel runs an int8 model's small batches in fp32 (see the module doc)
-        self.int8_in_fp32 = bool(made) and not lib.ek_int8()
+        # Where the kernel cannot sum the codes exactly (no int8 product, or 8-bit codes against its 16-bit pair
+        # sums), it runs an int8 model's small batches in fp32 (see the module doc)
+        self.int8_in_fp32 = bool(made) and int8_weight_levels() > int8_weight_limit()
         self.int8 = {} if self.int8_in_fp32 else made
 
     @staticmethod
@@ -455,6 +467,9 @@ def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bia
     lib = library()
     if lib is None or not lib.ek_int8():
         raise RuntimeError(f"the native int8 product is not available here: {status()}")
+    if int(codes.abs().max()) > int8_weight_limit():
+        raise ValueError(f"weight codes up to {int(codes.abs().max())}, but this build's int8 product sums exactly "
+                         f"only codes within +-{int8_weight_limit()} (pairs in 16 bits): {status()}")
     x = x.float().contiguous()
     tensors = _int8_linear(lib, codes, scales, bias, inverse)
     linear = _Linear(*[None if t is None else t.data_ptr() for t in tensors])
@@ -492,9 +507,9 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
             return None
         plan = NativeEncoder(encoder, lib)
         if plan.int8_in_fp32:
-            _say_once("int8 without 8-bit dot products (VNNI): batches of at most %d tokens run the native kernel in "
-                      "fp32, which is faster here than PyTorch's int8 kernels and exact; larger ones run int8",
-                      MAX_TOKENS)
+            _say_once("int8 without 8-bit dot products the kernel can sum exactly here: batches of at most %d tokens "
+                      "run the native kernel in fp32, which is faster than PyTorch's int8 kernels and exact; larger "
+                      "ones run int8", MAX_TOKENS)
         encoder.__dict__["_native"] = plan
     if not _fits(plan, tokens, packing):
         return None
@@ -535,4 +550,4 @@ def reset(encoder: nn.Module) -> None:
 
 
 __all__ = ["INT8_MAX_LENGTH", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available",
-           "int8_product", "kernel_of", "library", "native_forward", "reset", "status"]
+           "int8_product", "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]

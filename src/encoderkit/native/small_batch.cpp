@@ -22,9 +22,14 @@
 
 #include "vector_math.h"
 
-// int8 products: uint8 activations times int8 weights, four pairs summed into each 32-bit lane exactly
-// (vpdpbusd: AVX512-VNNI, or AVX-VNNI on 256-bit vectors). Without these instructions the int8 layers run PyTorch's
-// kernels instead (ek_int8() says which).
+// int8 products: uint8 activations times int8 weights, four products summed into each 32-bit lane. EK_INT8 says how
+// (ek_int8() tells Python):
+//   1: exactly, by vpdpbusd (AVX512-VNNI, or AVX-VNNI on 256-bit vectors), for any weight codes;
+//   2: by vpmaddubsw, which adds pairs of products into 16 bits with saturation, then vpmaddwd by ones, which adds
+//      the pairs into 32 bits (AVX2, AVX512BW without VNNI). The same sums as vpdpbusd wherever a pair cannot
+//      saturate: weight codes within -63..63 (2 x 255 x 63 = 32130 < 32767), which encoderkit.modeling.inference
+//      gives int8 weights on exactly these CPUs (PyTorch's int8 kernels add pairs in 16 bits there too); Python
+//      runs no layer with larger codes here.
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define EK_INT8 1
 static inline vi dpbusd(vi acc, vi a, vi b) { return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b); }
@@ -32,6 +37,18 @@ static inline vi dpbusd(vi acc, vi a, vi b) { return (vi)_mm512_dpbusd_epi32((__
 #define EK_INT8 1
 static inline vi dpbusd(vi acc, vi a, vi b) {
   return (vi)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)a, (__m256i)b);
+}
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+#define EK_INT8 2
+static inline vi dpbusd(vi acc, vi a, vi b) {
+  const __m512i pairs = _mm512_maddubs_epi16((__m512i)a, (__m512i)b);
+  return acc + (vi)_mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+}
+#elif !defined(__AVX512F__) && defined(__AVX2__)
+#define EK_INT8 2
+static inline vi dpbusd(vi acc, vi a, vi b) {
+  const __m256i pairs = _mm256_maddubs_epi16((__m256i)a, (__m256i)b);
+  return acc + (vi)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 #else
 #define EK_INT8 0
@@ -197,7 +214,7 @@ const std::array<BlockFn, ROWS2> TWO_PANELS = blocks_of<2>(std::make_integer_seq
 #if EK_INT8
 const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = qblocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
 const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = qblocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
-#else  // never called: without VNNI the caller runs no int8 layer here (ek_int8)
+#else  // never called: without int8 instructions the caller runs no int8 layer here (ek_int8)
 const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = ONE_PANEL;
 const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = TWO_PANELS;
 #endif
