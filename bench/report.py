@@ -343,7 +343,33 @@ def render_peers_profile(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_finetune_small(r: dict[str, Any]) -> list[str]:
+    """bench/finetune_small.py: per budget, every seed's metric, the means and the paired difference's interval."""
+    task = {"sst2": "SST-2 accuracy", "conll": "CoNLL-2003 entity F1"}[r["task"]]
+    h = r["hyperparameters"]
+    lines = [f"## Fine-tuning at small budgets: {task} (`bench/finetune_small.py`)", "", _machine(r), "",
+             f"all-MiniLM-L6-v2, 1 epoch, lr {h['learning_rate']}, batch {h['batch_size']}, max length "
+             f"{h['max_length']}, {h['warmup_ratio']:.0%} warm-up, weight decay {h['weight_decay']}; seeds "
+             f"{', '.join(map(str, r['seeds']))}, each seeding both sides; the same rows and held-out set for both "
+             "(see the script's doc). Paired difference: encoderkit minus the Trainer, seed by seed, with its 95% "
+             "interval (Student's t).", ""]
+    for section in r["sections"]:
+        lines += [f"**{section['budget']:,} training rows**", ""]
+        table = []
+        for row in section["rows"]:
+            difference = row.get("paired_difference")
+            table.append([row["contender"], " / ".join(f"{m:.2f}" for m in row["metrics"]), f"**{row['mean']:.2f}**",
+                          "" if difference is None else
+                          f"{difference['mean']:+.2f} [{difference['low']:+.2f}, {difference['high']:+.2f}]",
+                          f"{row['seconds']:.0f}"])
+        lines += _table(["contender", "per seed", "mean", "paired difference [95%]", "train s"], table) + [""]
+        lines += [f"- {goal['goal']}: {goal['measured']}: **{'met' if goal['met'] else 'not met'}**"
+                  for goal in section["goals"]] + [""]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "finetune_small": render_finetune_small,
     "encode": render_encode, "search": render_search, "pretrain": render_pretrain,
     "pretrain_run": render_pretrain_run, "pretrain_families": render_pretrain_families,
     "attention_heads": render_attention_heads, "refactor_speed": render_refactor_speed,

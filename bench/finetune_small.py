@@ -1,0 +1,208 @@
+"""Fine-tuning quality at small budgets (issue 40): encoderkit's recipe against transformers' Trainer, seed by seed.
+
+What a user with a few thousand labelled sentences runs: all-MiniLM-L6-v2, 1 epoch, AdamW lr 5e-5, batch 32, 10%
+warm-up then linear decay, weight decay 0.01, clipping 1.0.
+- sst2: the first N rows of ../shared/data/sst2/train.tsv (N = --budgets), max length 64, scored on a fixed
+  held-out set: the file's last 2,000 rows (GLUE's dev set is not in ../shared; its SOURCE.md says to cut one), which
+  no budget trains on.
+- conll: the first N sentences of CoNLL-2003 eng.train, max length 128, scored on eng.testa (entity F1).
+
+Both trainers get the same rows and the held-out set as their validation file (nothing is carved from the
+training rows); both final models are scored by the same code (encoderkit's evaluators; the Trainer's model is
+loaded into encoderkit, equal within 1e-5, tested). Each seed seeds both sides. Reported per budget: every seed,
+the means, the paired difference (encoderkit minus Trainer) and its 95% interval (Student's t, n - 1 degrees of
+freedom), and each goal as met or not met: SST-2 mean at least the Trainer's minus 0.25 points at every budget,
+CoNLL entity F1 at least the Trainer's minus 0.5.
+
+Variants switch one default off at a time (the ablation): encoderkit-random (random batches instead of
+length-grouped ones), encoderkit-torch-kernels (the PyTorch ops instead of the native training kernels: dropout
+drawn by torch, attention and LayerNorm passes), encoderkit-dense-adamw (torch's AdamW over the whole word table
+instead of the rows a step touched), encoderkit-carved (no validation file: the recipe carves 10% of the rows, as
+`encoderkit finetune` does when none is given).
+
+    flock -x /tmp/bench.lock python bench/finetune_small.py [--task sst2] [--budgets 2000,4000,16000] [--seeds 5]
+        [--contenders transformers,encoderkit,encoderkit-random] [--smoke]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from common import RESULTS, SHARED, require, write_result, write_tsv
+
+HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
+             adam_eps=1e-8)
+MAX_LENGTH = {"sst2": 64, "conll": 128}
+HELD_OUT = 2000  # SST-2: the file's last rows, the held-out set
+SEEDS = (42, 7, 1234, 2024, 99)
+CONTENDERS = ("transformers", "encoderkit")
+VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-carved")
+GOALS = {"sst2": 0.25, "conll": 0.5}  # points below the Trainer's mean that still meet the goal
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def sst2_data(work: Path, budget: int, smoke: bool) -> tuple[Path, Path]:
+    lines = require(SHARED / "data" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    rows = [tuple(part.strip() for part in line.split("\t")) for line in lines]
+    held_out = rows[-(64 if smoke else HELD_OUT):]
+    if budget > len(rows) - HELD_OUT:
+        raise SystemExit(f"a budget of {budget:,} rows overlaps the held-out set: at most {len(rows) - HELD_OUT:,}")
+    return write_tsv(work / f"train-{budget}.tsv", rows[:budget]), write_tsv(work / "held-out.tsv", held_out)
+
+
+def conll_data(work: Path, budget: int, smoke: bool) -> tuple[Path, Path]:
+    def sentences(path: Path) -> list[str]:
+        blocks = path.read_text(encoding="utf-8").split("\n\n")
+        return [b.strip("\n") for b in blocks if b.strip() and not b.strip().startswith("-DOCSTART-")]
+
+    train = sentences(require(SHARED / "data" / "conll2003" / "eng.train"))[:budget]
+    valid = sentences(require(SHARED / "data" / "conll2003" / "eng.testa"))[:64 if smoke else None]
+    (work / f"train-{budget}.conll").write_text("\n\n".join(train) + "\n", encoding="utf-8")
+    (work / "held-out.conll").write_text("\n\n".join(valid) + "\n", encoding="utf-8")
+    return work / f"train-{budget}.conll", work / "held-out.conll"
+
+
+def setup_for(task: str, train: Path, valid: Path, work: Path, seed: int, contender: str):
+    from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
+
+    recipe = Recipe(**HYPER, epochs=1, seed=seed, max_length=MAX_LENGTH[task], show_progress=False,
+                    save_steps=10**9, group_by_length=False if contender == "encoderkit-random" else None)
+    kind = task_kind("classify" if task == "sst2" else "ner")
+    carved = contender == "encoderkit-carved"
+    return prepare_finetune(kind, train, work / "ek", valid=None if carved else valid, recipe=recipe), carved
+
+
+@contextlib.contextmanager
+def switched_off(contender: str) -> Iterator[None]:
+    """The one default a variant switches off, for the length of its run."""
+    if contender == "encoderkit-torch-kernels":
+        from encoderkit.modeling.dropout import training_kernels
+
+        with training_kernels(False):
+            yield
+    elif contender == "encoderkit-dense-adamw":
+        from encoderkit.training import trainer
+
+        saved = trainer.EmbeddingRows.rows
+        trainer.EmbeddingRows.rows = lambda self: {}  # no table's rows named: torch's AdamW steps every row
+        try:
+            yield
+        finally:
+            trainer.EmbeddingRows.rows = saved
+    else:
+        yield
+
+
+def run_one(task: str, contender: str, train: Path, valid: Path, seed: int) -> dict[str, Any]:
+    """One contender's epoch at one seed: its held-out metric and how long it trained."""
+    from finetune import hf_trainer, transformers_quality
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        setup, carved = setup_for(task, train, valid, work, seed, contender)
+        started = time.perf_counter()
+        if contender == "transformers":
+            trainer, _, tokenizer = hf_trainer(task, setup, "random", work / "hf")
+            trainer.train()
+            seconds = time.perf_counter() - started
+            quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")
+        else:
+            with switched_off(contender):
+                setup.trainer.train(resume=False)
+            seconds = time.perf_counter() - started
+            if carved:  # score on the same held-out set as every other contender
+                setup.valid_examples = setup.kind.read(valid)
+            quality = setup.evaluate(setup.model.eval(), dtype="fp32")
+        return {"metric": 100 * quality[setup.kind.main_metric], "seconds": seconds,
+                "train_examples": len(setup.train_examples)}
+
+
+def paired(ours: list[float], theirs: list[float]) -> dict[str, float]:
+    """Mean of the per-seed differences and its 95% interval (Student's t with n - 1 degrees of freedom)."""
+    differences = [a - b for a, b in zip(ours, theirs)]
+    n = len(differences)
+    mean = statistics.fmean(differences)
+    half = T_975.get(n - 1, 1.96) * statistics.stdev(differences) / math.sqrt(n) if n > 1 else float("nan")
+    return {"mean": mean, "low": mean - half, "high": mean + half}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=("sst2", "conll"), default="sst2")
+    parser.add_argument("--budgets", default=None, help="training rows (default: 2000,4000,16000 for sst2, 2000 "
+                                                        "for conll)")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS),
+                        help=f"of {', '.join(CONTENDERS + VARIANTS)}")
+    parser.add_argument("--smoke", action="store_true", help="64 rows, one seed, nothing written (a test)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    contenders = args.contenders.split(",")
+    unknown = set(contenders) - set(CONTENDERS + VARIANTS)
+    if unknown or "transformers" not in contenders:
+        raise SystemExit(f"unknown contenders {sorted(unknown)}; 'transformers' is the reference and must run")
+    budgets = [64] if args.smoke else [int(b) for b in (args.budgets or ("2000,4000,16000" if args.task == "sst2"
+                                                                          else "2000")).split(",")]
+    seeds = SEEDS[:1 if args.smoke else args.seeds]
+    sections = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for budget in budgets:
+            train, valid = (sst2_data if args.task == "sst2" else conll_data)(Path(tmp), budget, args.smoke)
+            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
+            for seed in seeds:
+                for contender in contenders:  # in turn, seed by seed
+                    runs[contender].append({"seed": seed, **run_one(args.task, contender, train, valid, seed)})
+                    print(f"{args.task} {budget:,} seed {seed}: {contender:26s} {runs[contender][-1]['metric']:.2f} "
+                          f"({runs[contender][-1]['seconds']:.0f} s)", flush=True)
+            sections.append(summarise(args.task, budget, runs))
+    goals = [goal for section in sections for goal in section["goals"]]
+    for goal in goals:
+        print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'NOT MET'}")
+    if args.smoke:
+        print("smoke run: nothing written")
+        return
+    name = f"finetune_small_{args.task}"
+    earlier = RESULTS / f"{name}.json"
+    kept = [s for s in json.loads(earlier.read_text())["sections"] if s["budget"] not in budgets] \
+        if earlier.exists() else []  # a rerun of some budgets keeps the others, with their own provenance
+    write_result(name, {"task": args.task, "hyperparameters": {**HYPER, "epochs": 1, "max_length": MAX_LENGTH[args.task]},
+                        "seeds": list(seeds), "sections": sorted(kept + sections, key=lambda s: s["budget"]),
+                        "goals": goals}, benchmark="finetune_small")
+
+
+def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    reference = [r["metric"] for r in runs["transformers"]]
+    rows, goals = [], []
+    for contender, results in runs.items():
+        metrics = [r["metric"] for r in results]
+        row = {"contender": contender, "metrics": metrics, "mean": statistics.fmean(metrics),
+               "seconds": statistics.fmean(r["seconds"] for r in results),
+               "train_examples": results[0]["train_examples"]}
+        if contender != "transformers":
+            row["paired_difference"] = paired(metrics, reference)
+        rows.append(row)
+        print(f"  {task} {budget:,} {contender:26s} mean {row['mean']:.2f}" + (
+            f"  paired {row['paired_difference']['mean']:+.2f} [{row['paired_difference']['low']:+.2f}, "
+            f"{row['paired_difference']['high']:+.2f}]" if "paired_difference" in row else ""))
+    by_name = {r["contender"]: r for r in rows}
+    if "encoderkit" in by_name:
+        ours, theirs = by_name["encoderkit"]["mean"], by_name["transformers"]["mean"]
+        allowed = GOALS[task]
+        goals.append({"goal": f"{task} at {budget:,}: encoderkit's mean at least the Trainer's minus {allowed} points",
+                      "met": ours >= theirs - allowed, "measured": f"{ours:.2f} against {theirs:.2f} "
+                      f"({ours - theirs:+.2f} points, over {len(reference)} seeds)"})
+    return {"budget": budget, "rows": rows, "goals": goals}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
