@@ -131,9 +131,18 @@ def provenance() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--", "src",
                                                                                 "bench")),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": " ".join(["python", *[a for a in sys.argv if a]]).replace(str(ROOT) + "/", ""),
+            "command": " ".join(["python", _script_path(), *sys.argv[1:]]),
             "cpu": info["cpu"], "cpu_flags": sorted(f for f, present in info["cpu_flags"].items() if present),
             "threads": info["threads"], "versions": versions}
+
+
+def _script_path() -> str:
+    """The running script relative to the repository (``bench/peers.py`` whether run from bench/ or the root)."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        return str(script.relative_to(ROOT))
+    except ValueError:
+        return sys.argv[0]
 
 
 def write_result(name: str, data: dict[str, Any], benchmark: str | None = None) -> Path:

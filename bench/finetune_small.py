@@ -18,7 +18,8 @@ Variants switch one default off at a time (the ablation): encoderkit-random (ran
 length-grouped ones), encoderkit-torch-kernels (the PyTorch ops instead of the native training kernels: dropout
 drawn by torch, attention and LayerNorm passes), encoderkit-dense-adamw (torch's AdamW over the whole word table
 instead of the rows a step touched), encoderkit-carved (no validation file: the recipe carves 10% of the rows, as
-`encoderkit finetune` does when none is given).
+`encoderkit finetune` does when none is given); and encoderkit-mega8 changes one: length groups sorted within
+mega-batches of 8 batches instead of 50, so that a batch mixes more lengths.
 
     flock -x /tmp/bench.lock python bench/finetune_small.py [--task sst2] [--budgets 2000,4000,16000] [--seeds 5]
         [--contenders transformers,encoderkit,encoderkit-random] [--smoke]
@@ -46,7 +47,8 @@ MAX_LENGTH = {"sst2": 64, "conll": 128}
 HELD_OUT = 2000  # SST-2: the file's last rows, the held-out set
 SEEDS = (42, 7, 1234, 2024, 99)
 CONTENDERS = ("transformers", "encoderkit")
-VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-carved")
+VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-carved",
+            "encoderkit-mega8")
 GOALS = {"sst2": 0.25, "conll": 0.5}  # points below the Trainer's mean that still meet the goal
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -99,6 +101,15 @@ def switched_off(contender: str) -> Iterator[None]:
             yield
         finally:
             trainer.EmbeddingRows.rows = saved
+    elif contender == "encoderkit-mega8":  # length groups sorted within 8 batches, not 50: mixed lengths
+        from encoderkit.training import trainer
+
+        saved = trainer.length_grouped
+        trainer.length_grouped = lambda *args, **kwargs: saved(*args, **{**kwargs, "mega_batches": 8})
+        try:
+            yield
+        finally:
+            trainer.length_grouped = saved
     else:
         yield
 

@@ -22,8 +22,8 @@ def _machine(result: dict[str, Any]) -> str:
         bf16 = "native bf16 (this result did not record whether through avx512_bf16 or amx_bf16)"
     shown = (" (CPU flags: " + ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in flags.items())
              + ")") if flags else ""
-    command = result.get("command", f"python bench/{result['benchmark']}.py")
     made = result.get("provenance")
+    command = result.get("command") or (made or {}).get("command") or f"python bench/{result['benchmark']}.py"
     commit = (f" Commit {made['commit'][:10]}{' with uncommitted changes' if made['dirty'] else ''}."
               if made else " (no provenance recorded: measured before results named their commit)")
     return (f"_{result['date']}: {m['cpu']}{shown}, {m['threads']} threads, {bf16}, torch {m['torch']}. "
