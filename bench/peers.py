@@ -926,32 +926,37 @@ def versions() -> dict[str, str]:
     return out
 
 
-TIERS = {True: "native_bf16", False: "no_native_bf16"}  # peers_<tier>.json: the last run on the other kind of CPU
+def cpu_tier(machine_record: dict[str, Any]) -> str:
+    """The tier of CPU a run was measured on, the unit a kept run stands for: native_bf16 (AVX512-BF16 or AMX),
+    avx512 (AVX-512 without bf16 units), or avx2. A result without flags recorded counts as its bf16 kind's."""
+    flags = machine_record.get("cpu_flags") or {}
+    if machine_record.get("native_bf16"):
+        return "native_bf16"
+    if flags.get("avx512f"):
+        return "avx512"
+    return "avx2" if flags else "no_native_bf16"
 
 
 def keep_other_tier_run() -> None:
-    """Before this run's result replaces peers.json: where the last run was on the other kind of CPU (native bf16
-    units or none), it is kept as peers_<its tier>.json, and a kept run of this CPU's kind, now superseded, is
-    removed. BENCHMARKS.md then shows the newest run of each kind, each with its CPU: the bf16 rows of one are
-    measured with native units, the other's are emulated."""
+    """Before this run's result replaces peers.json: where the last run was on another tier of CPU (``cpu_tier``),
+    it is kept as peers_<its tier>.json, and a kept run of this CPU's tier, now superseded, is removed. BENCHMARKS.md
+    then shows the newest run of each tier, each with its CPU."""
     from common import machine
 
-    native = bool(machine()["native_bf16"])
-    superseded = RESULTS / f"peers_{TIERS[native]}.json"
+    tier = cpu_tier(machine())
+    superseded = RESULTS / f"peers_{tier}.json"
     if superseded.exists():
         superseded.unlink()
-        print(f"removed {superseded.name}: this run is the newer one on a CPU of its kind")
+        print(f"removed {superseded.name}: this run is the newer one on a CPU of its tier")
     current = RESULTS / "peers.json"
     if not current.exists():
         return
     previous = json.loads(current.read_text(encoding="utf-8"))
-    was_native = bool(previous["machine"].get("native_bf16"))
-    if was_native != native:
-        previous["kept_as"] = TIERS[was_native]
-        (RESULTS / f"peers_{TIERS[was_native]}.json").write_text(json.dumps(previous, indent=2) + "\n",
-                                                                encoding="utf-8")
-        print(f"kept the run of {previous['date']} on a CPU {'with' if was_native else 'without'} native bf16 as "
-              f"peers_{TIERS[was_native]}.json")
+    was = cpu_tier(previous["machine"])
+    if was != tier:
+        previous["kept_as"] = was
+        (RESULTS / f"peers_{was}.json").write_text(json.dumps(previous, indent=2) + "\n", encoding="utf-8")
+        print(f"kept the run of {previous['date']} on a CPU of tier {was} as peers_{was}.json")
 
 
 def main() -> None:

@@ -267,14 +267,13 @@ def render_long_context(r: dict[str, Any]) -> list[str]:
 
 def render_peers(r: dict[str, Any]) -> list[str]:
     versions = ", ".join(f"{name} {version}" for name, version in r["versions"].items())
-    kept = r.get("kept_as")  # set on the last run of the other kind of CPU (bench/peers.py's keep_other_tier_run)
-    native = bool(r["machine"].get("native_bf16"))
+    kept = r.get("kept_as")  # the tier of a kept earlier run (bench/peers.py's keep_other_tier_run)
+    tiers = {"native_bf16": "with native bf16", "avx512": "with AVX-512 and no bf16 units", "avx2": "with AVX2 only",
+             "no_native_bf16": "without native bf16"}
     title = "## encoderkit against other CPU runtimes (`bench/peers.py`)" + (
-        f", on a CPU {'with' if native else 'without'} native bf16 (an earlier run)" if kept else "")
-    kept_note = ("Kept from the last run on a CPU with native bf16: its bf16 rows were measured with native bf16 "
-                 "units, which the newer run's CPU lacks." if native else
-                 "Kept from the last run on a CPU without native bf16 (its bf16 rows emulated): the newer run's CPU has "
-                 "native bf16 units, so this one shows the other tier of CPU.")
+        f", on a CPU {tiers.get(kept, kept)} (an earlier run)" if kept else "")
+    kept_note = (f"Kept as the newest run on a CPU {tiers.get(kept, kept)}: the run above was made on another tier "
+                 "of CPU.")
     method = r.get("method") or ("all in one process, interleaved rounds; every peer in its latency mode only (an "
                                  "earlier harness: peers were not yet run in their throughput modes)")
     lines = [title, "", *([kept_note, ""] if kept else []), _machine(r), "",

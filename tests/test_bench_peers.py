@@ -102,3 +102,23 @@ def test_throughput_modes_give_the_same_vectors_in_input_order(peers, minilm_dir
         assert contender.mode == "throughput"
         with contender.turn():
             assert np.abs(contender.encode(many) - want).max() < 1e-5, contender.name
+
+
+def test_runs_are_kept_per_tier_of_cpu(peers, tmp_path, monkeypatch):
+    """A run on another tier of CPU is kept beside the new one (an AVX-512 run must not remove the AVX2 run)."""
+    import json
+
+    avx2 = {"native_bf16": False, "cpu_flags": {"avx2": True, "avx512f": False}}
+    avx512 = {"native_bf16": False, "cpu_flags": {"avx2": True, "avx512f": True}}
+    bf16 = {"native_bf16": True, "cpu_flags": {"avx2": True, "avx512f": True, "avx512_bf16": True}}
+    assert [peers.cpu_tier(m) for m in (avx2, avx512, bf16)] == ["avx2", "avx512", "native_bf16"]
+    monkeypatch.setattr(peers, "RESULTS", tmp_path)
+    (tmp_path / "peers.json").write_text(json.dumps({"date": "earlier", "machine": avx2}))
+    monkeypatch.setitem(sys.modules, "common", type(sys)("common"))
+    sys.modules["common"].machine = lambda: avx512
+    peers.keep_other_tier_run()
+    kept = json.loads((tmp_path / "peers_avx2.json").read_text())
+    assert kept["kept_as"] == "avx2" and kept["machine"] == avx2
+    (tmp_path / "peers_avx512.json").write_text("{}")  # an older run of this tier: superseded
+    peers.keep_other_tier_run()
+    assert not (tmp_path / "peers_avx512.json").exists() and (tmp_path / "peers_avx2.json").exists()
