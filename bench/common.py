@@ -112,21 +112,28 @@ PROVENANCE_PACKAGES = ("encoderkit", "torch", "numpy", "tokenizers", "transforme
                        "onnxruntime", "openvino", "nncf", "ctranslate2")
 
 
+def package_versions(packages: tuple[str, ...], missing: str | None = None) -> dict[str, str]:
+    """Installed versions of ``packages``; one not installed is left out, or given as ``missing`` where that is set."""
+    import importlib.metadata as metadata
+
+    found = {}
+    for package in packages:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            if missing is not None:
+                found[package] = missing
+    return found
+
+
 def provenance() -> dict[str, Any]:
     """What a result was measured with: the commit and whether the tree differed from it, the command, the date,
     the CPU and its flags, torch's threads and the versions of the libraries that decide speed."""
-    import importlib.metadata as metadata
-
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    versions = {}
-    for package in PROVENANCE_PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
+    versions = package_versions(PROVENANCE_PACKAGES)
     info = machine()
     return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--", "src",
                                                                                 "bench")),

@@ -466,7 +466,8 @@ def _render_trials(trials: list[dict[str, Any]], full_rates: dict[tuple[str, str
              "random ones for QA, encoderkit-random), unpadded, fp32, its linear layers' products on oneDNN (MKL on "
              "Intel CPUs), freed memory kept for the next step.", "",
              "The trials ran on different CPUs (the column CPU, date); the newest one's:",
-             _machine({"benchmark": "finetune", **trials[-1]}), ""]
+             _machine({"benchmark": "finetune", **trials[-1], "provenance": {  # the code the trial ran (its own record)
+                 "commit": trials[-1]["code"].split("+")[0], "dirty": "+" in trials[-1]["code"]}}), ""]
     rows = []
     for trial in sorted(trials, key=lambda t: (list(TASK_TITLES).index(t["task"]) if t["task"] in TASK_TITLES else 99,
                                                 t["epochs"], t["seed"], t["date"])):

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from common import CACHE, RESULTS, SHARED, median, require, timed, write_result
+from common import CACHE, RESULTS, SHARED, median, package_versions, require, timed, write_result
 
 THREADS = 2
 BATCH = 32
@@ -497,20 +497,21 @@ def build_contenders(model_dir: Path, skip: set[str],
     plain = export_onnx(model_dir) if installed("onnx", "ONNX Runtime", missing) and \
         installed("onnx", "OpenVINO", missing) else None
     if plain is not None and installed("onnxruntime", "ONNX Runtime", missing):
-        o2 = optimize_onnx(plain, gelu_approximation=False)
+        # graphs made (and cached on disk) by the contender that needs them, not while planning
+        o2 = lambda: optimize_onnx(plain, gelu_approximation=False)  # noqa: E731
         o3 = lambda: optimize_onnx(plain, gelu_approximation=True)  # noqa: E731
-        int8 = lambda: quantize_onnx(o2)  # noqa: E731
+        int8 = lambda: quantize_onnx(o2())  # noqa: E731
         peers += [
             ("ONNX Runtime", lambda: ort_contender("ONNX Runtime", "fp32", plain, tokenizer,
                                                    "plain export, session defaults (ORT_ENABLE_ALL)")),
             ("ONNX Runtime + BERT optimizer (O2)", lambda: ort_contender(
-                "ONNX Runtime + BERT optimizer (O2)", "fp32", o2, tokenizer,
+                "ONNX Runtime + BERT optimizer (O2)", "fp32", o2(), tokenizer,
                 "onnxruntime.transformers.optimizer: fused embeddings, attention, skip-LayerNorm, bias-GELU")),
             ("ONNX Runtime + BERT optimizer (O3)", lambda: ort_contender(
                 "ONNX Runtime + BERT optimizer (O3)", "fp32", o3(), tokenizer,
                 "O2 + GELU approximated by tanh (FastGelu)")),
             ("ONNX Runtime O2, throughput", lambda: ort_lanes_contender(
-                "ONNX Runtime O2, throughput", "fp32", o2, tokenizer, f"the O2 graph; {lanes_note}")),
+                "ONNX Runtime O2, throughput", "fp32", o2(), tokenizer, f"the O2 graph; {lanes_note}")),
             ("ONNX Runtime O3, throughput", lambda: ort_lanes_contender(
                 "ONNX Runtime O3, throughput", "fp32", o3(), tokenizer, f"the O3 graph; {lanes_note}")),
             ("ONNX Runtime int8 (dynamic)", lambda: ort_contender(
@@ -914,16 +915,8 @@ def profile_text(result: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 def versions() -> dict[str, str]:
-    import importlib.metadata as metadata
-
-    out = {}
-    for package in ("encoderkit", "torch", "sentence-transformers", "transformers", "tokenizers", "onnxruntime",
-                    "onnx", "openvino", "ctranslate2"):
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            out[package] = "not installed"
-    return out
+    return package_versions(("encoderkit", "torch", "sentence-transformers", "transformers", "tokenizers",
+                             "onnxruntime", "onnx", "openvino", "nncf", "ctranslate2"), missing="not installed")
 
 
 def cpu_tier(machine_record: dict[str, Any]) -> str:

@@ -24,8 +24,13 @@ def _machine(result: dict[str, Any]) -> str:
              + ")") if flags else ""
     made = result.get("provenance")
     command = result.get("command") or (made or {}).get("command") or f"python bench/{result['benchmark']}.py"
-    commit = (f" Commit {made['commit'][:10]}{' with uncommitted changes' if made['dirty'] else ''}."
-              if made else " (no provenance recorded: measured before results named their commit)")
+    if made and made.get("commit"):
+        commit = f" Commit {made['commit'][:10]}{' with uncommitted changes' if made['dirty'] else ''}."
+    elif made and made.get("recorded_in"):  # bench/backfill_provenance.py
+        commit = (f" Measured before results named their commit; recorded in commit {made['recorded_in'][:10]} "
+                  f"(\"{made['recorded_subject'][:90]}\").")
+    else:
+        commit = " (no provenance recorded: measured before results named their commit)"
     return (f"_{result['date']}: {m['cpu']}{shown}, {m['threads']} threads, {bf16}, torch {m['torch']}. "
             f"Command: `{command}`.{commit}_")
 
