@@ -135,8 +135,11 @@ def provenance() -> dict[str, Any]:
 
     versions = package_versions(PROVENANCE_PACKAGES)
     info = machine()
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--", "src",
-                                                                                "bench")),
+    # A borrowed machine gets the working tree without .git: the command there names the commit it was sent at.
+    commit = git("rev-parse", "HEAD") or os.environ.get("ENCODERKIT_BENCH_COMMIT", "unknown")
+    dirty = bool(git("status", "--porcelain", "--", "src", "bench")) if git("rev-parse", "HEAD") else \
+        os.environ.get("ENCODERKIT_BENCH_DIRTY", "unknown")
+    return {"commit": commit, "dirty": dirty,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(["python", _script_path(), *sys.argv[1:]]),
             "cpu": info["cpu"], "cpu_flags": sorted(f for f, present in info["cpu_flags"].items() if present),

@@ -17,12 +17,19 @@ CoNLL entity F1 at least the Trainer's minus 0.5.
 Variants switch one default off at a time (the ablation): encoderkit-random (random batches instead of
 length-grouped ones), encoderkit-torch-kernels (the PyTorch ops instead of the native training kernels: dropout
 drawn by torch, attention and LayerNorm passes), encoderkit-dense-adamw (torch's AdamW over the whole word table
-instead of the rows a step touched), encoderkit-carved (no validation file: the recipe carves 10% of the rows, as
-`encoderkit finetune` does when none is given); and encoderkit-mega8 changes one: length groups sorted within
-mega-batches of 8 batches instead of 50, so that a batch mixes more lengths.
+instead of the rows a step touched), encoderkit-torch (all three CPU-only parts off at once, and dropout masks from
+torch's generator instead of the native Philox one: what the recipe computes on a GPU), encoderkit-carved (no
+validation file: the recipe carves 10% of the rows, as `encoderkit finetune` does when none is given); and
+encoderkit-mega8 changes one: length groups sorted within mega-batches of 8 batches instead of 50, so that a batch
+mixes more lengths.
+
+``--device cuda`` runs both sides on a GPU (fp32, TF32 off): the check of which differences are CPU-only. ``--model``
+takes a directory whose weights may be fp16 (carried to a borrowed machine in half the bytes; widened to fp32
+before either side reads them), ``--shared`` a copy of ../shared's data.
 
     flock -x /tmp/bench.lock python bench/finetune_small.py [--task sst2] [--budgets 2000,4000,16000] [--seeds 5]
-        [--contenders transformers,encoderkit,encoderkit-random] [--smoke]
+        [--contenders transformers,encoderkit,encoderkit-random] [--device cuda] [--model DIR] [--shared DIR]
+        [--smoke]
 """
 from __future__ import annotations
 
@@ -39,7 +46,8 @@ from typing import Any, Iterator
 
 import torch
 
-from common import RESULTS, SHARED, require, write_result, write_tsv
+import common
+from common import RESULTS, require, widened, write_result, write_tsv
 
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
              adam_eps=1e-8)
@@ -47,14 +55,14 @@ MAX_LENGTH = {"sst2": 64, "conll": 128}
 HELD_OUT = 2000  # SST-2: the file's last rows, the held-out set
 SEEDS = (42, 7, 1234, 2024, 99)
 CONTENDERS = ("transformers", "encoderkit")
-VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-carved",
-            "encoderkit-mega8")
+VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-torch",
+            "encoderkit-carved", "encoderkit-mega8")
 GOALS = {"sst2": 0.25, "conll": 0.5}  # points below the Trainer's mean that still meet the goal
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def sst2_data(work: Path, budget: int, smoke: bool) -> tuple[Path, Path]:
-    lines = require(SHARED / "data" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    lines = require(common.SHARED / "data" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
     rows = [tuple(part.strip() for part in line.split("\t")) for line in lines]
     held_out = rows[-(64 if smoke else HELD_OUT):]
     if budget > len(rows) - HELD_OUT:
@@ -67,21 +75,23 @@ def conll_data(work: Path, budget: int, smoke: bool) -> tuple[Path, Path]:
         blocks = path.read_text(encoding="utf-8").split("\n\n")
         return [b.strip("\n") for b in blocks if b.strip() and not b.strip().startswith("-DOCSTART-")]
 
-    train = sentences(require(SHARED / "data" / "conll2003" / "eng.train"))[:budget]
-    valid = sentences(require(SHARED / "data" / "conll2003" / "eng.testa"))[:64 if smoke else None]
+    train = sentences(require(common.SHARED / "data" / "conll2003" / "eng.train"))[:budget]
+    valid = sentences(require(common.SHARED / "data" / "conll2003" / "eng.testa"))[:64 if smoke else None]
     (work / f"train-{budget}.conll").write_text("\n\n".join(train) + "\n", encoding="utf-8")
     (work / "held-out.conll").write_text("\n\n".join(valid) + "\n", encoding="utf-8")
     return work / f"train-{budget}.conll", work / "held-out.conll"
 
 
-def setup_for(task: str, train: Path, valid: Path, work: Path, seed: int, contender: str):
+def setup_for(task: str, train: Path, valid: Path, work: Path, seed: int, contender: str, model: Path, device: str):
     from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
 
     recipe = Recipe(**HYPER, epochs=1, seed=seed, max_length=MAX_LENGTH[task], show_progress=False,
-                    save_steps=10**9, group_by_length=False if contender == "encoderkit-random" else None)
+                    save_steps=10**9, group_by_length=False if contender == "encoderkit-random" else None,
+                    device=device)
     kind = task_kind("classify" if task == "sst2" else "ner")
     carved = contender == "encoderkit-carved"
-    return prepare_finetune(kind, train, work / "ek", valid=None if carved else valid, recipe=recipe), carved
+    return prepare_finetune(kind, train, work / "ek", valid=None if carved else valid, model=model,
+                            recipe=recipe), carved
 
 
 @contextlib.contextmanager
@@ -101,6 +111,18 @@ def switched_off(contender: str) -> Iterator[None]:
             yield
         finally:
             trainer.EmbeddingRows.rows = saved
+    elif contender == "encoderkit-torch":  # every CPU-only part off: torch's dropout, ops and AdamW
+        from encoderkit.modeling import attention, dropout
+        from encoderkit.training import trainer
+
+        saved = dropout.own_masks, attention.own_masks, trainer.EmbeddingRows.rows
+        dropout.own_masks = attention.own_masks = lambda device, p: False
+        trainer.EmbeddingRows.rows = lambda self: {}
+        try:
+            with dropout.training_kernels(False):
+                yield
+        finally:
+            dropout.own_masks, attention.own_masks, trainer.EmbeddingRows.rows = saved
     elif contender == "encoderkit-mega8":  # length groups sorted within 8 batches, not 50: mixed lengths
         from encoderkit.training import trainer
 
@@ -114,16 +136,18 @@ def switched_off(contender: str) -> Iterator[None]:
         yield
 
 
-def run_one(task: str, contender: str, train: Path, valid: Path, seed: int) -> dict[str, Any]:
+def run_one(task: str, contender: str, train: Path, valid: Path, seed: int, model: Path,
+            device: str) -> dict[str, Any]:
     """One contender's epoch at one seed: its held-out metric and how long it trained."""
     from finetune import hf_trainer, transformers_quality
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        setup, carved = setup_for(task, train, valid, work, seed, contender)
+        setup, carved = setup_for(task, train, valid, work, seed, contender, model, device)
         started = time.perf_counter()
         if contender == "transformers":
-            trainer, _, tokenizer = hf_trainer(task, setup, "random", work / "hf")
+            trainer, _, tokenizer = hf_trainer(task, setup, "random", work / "hf", model=model,
+                                               use_cpu=device == "cpu")
             trainer.train()
             seconds = time.perf_counter() - started
             quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")
@@ -155,9 +179,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--contenders", default=",".join(CONTENDERS),
                         help=f"of {', '.join(CONTENDERS + VARIANTS)}")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both sides train")
+    parser.add_argument("--model", type=Path, default=None, help="the all-MiniLM-L6-v2 directory (default: the "
+                                                                  "installed default model); fp16 weights are widened")
+    parser.add_argument("--shared", type=Path, default=common.SHARED, help="the folder holding data/")
     parser.add_argument("--smoke", action="store_true", help="64 rows, one seed, nothing written (a test)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    common.SHARED = args.shared
+    if args.device == "cpu":
+        torch.set_num_threads(2)
+    else:  # fp32 products on the GPU, as on the CPU
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     contenders = args.contenders.split(",")
     unknown = set(contenders) - set(CONTENDERS + VARIANTS)
     if unknown or "transformers" not in contenders:
@@ -167,12 +199,16 @@ def main() -> None:
     seeds = SEEDS[:1 if args.smoke else args.seeds]
     sections = []
     with tempfile.TemporaryDirectory() as tmp:
+        from encoderkit import default_model_path
+
+        model = widened(args.model or default_model_path(), Path(tmp))
         for budget in budgets:
             train, valid = (sst2_data if args.task == "sst2" else conll_data)(Path(tmp), budget, args.smoke)
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
             for seed in seeds:
                 for contender in contenders:  # in turn, seed by seed
-                    runs[contender].append({"seed": seed, **run_one(args.task, contender, train, valid, seed)})
+                    runs[contender].append({"seed": seed, **run_one(args.task, contender, train, valid, seed, model,
+                                                                     args.device)})
                     print(f"{args.task} {budget:,} seed {seed}: {contender:26s} {runs[contender][-1]['metric']:.2f} "
                           f"({runs[contender][-1]['seconds']:.0f} s)", flush=True)
             sections.append(summarise(args.task, budget, runs))
@@ -182,11 +218,12 @@ def main() -> None:
     if args.smoke:
         print("smoke run: nothing written")
         return
-    name = f"finetune_small_{args.task}"
+    name = f"finetune_small_{args.task}" + ("" if args.device == "cpu" else f"_{args.device}")
     earlier = RESULTS / f"{name}.json"
     kept = [s for s in json.loads(earlier.read_text())["sections"] if s["budget"] not in budgets] \
         if earlier.exists() else []  # a rerun of some budgets keeps the others, with their own provenance
-    write_result(name, {"task": args.task, "hyperparameters": {**HYPER, "epochs": 1, "max_length": MAX_LENGTH[args.task]},
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
+    write_result(name, {"task": args.task, "device": args.device, "gpu": gpu, "hyperparameters": {**HYPER, "epochs": 1, "max_length": MAX_LENGTH[args.task]},
                         "seeds": list(seeds), "sections": sorted(kept + sections, key=lambda s: s["budget"]),
                         "goals": goals}, benchmark="finetune_small")
 

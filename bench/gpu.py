@@ -315,6 +315,7 @@ def main() -> None:
                               "machine": machine(), "device": str(device), **gpu_facts(device),
                               "transformers": __import__("transformers").__version__,
                               "sentence_transformers": __import__("sentence_transformers").__version__,
+                              "provenance": common.provenance(),
                               "command": "cd bench && PYTHONPATH=../src python3 gpu.py " + " ".join(
                                   "DIR" if previous in ("--model", "--shared") else arg
                                   for previous, arg in zip([""] + sys.argv[1:], sys.argv[1:]))}

@@ -351,7 +351,8 @@ def render_finetune_small(r: dict[str, Any]) -> list[str]:
     """bench/finetune_small.py: per budget, every seed's metric, the means and the paired difference's interval."""
     task = {"sst2": "SST-2 accuracy", "conll": "CoNLL-2003 entity F1"}[r["task"]]
     h = r["hyperparameters"]
-    lines = [f"## Fine-tuning at small budgets: {task} (`bench/finetune_small.py`)", "", _machine(r), "",
+    where = f" on a GPU ({r['gpu']}, fp32, TF32 off)" if r.get("gpu") else ""
+    lines = [f"## Fine-tuning at small budgets: {task}{where} (`bench/finetune_small.py`)", "", _machine(r), "",
              f"all-MiniLM-L6-v2, 1 epoch, lr {h['learning_rate']}, batch {h['batch_size']}, max length "
              f"{h['max_length']}, {h['warmup_ratio']:.0%} warm-up, weight decay {h['weight_decay']}; seeds "
              f"{', '.join(map(str, r['seeds']))}, each seeding both sides; the same rows and held-out set for both "
