@@ -205,6 +205,18 @@ needs_int8 = pytest.mark.skipif("not native.int8_available()", reason="the nativ
                                 "which this CPU lacks (int8 models' small batches then run the kernel in fp32)")
 
 
+@pytest.fixture
+def kernel_codes(monkeypatch):
+    """Int8 weights with codes the kernel sums exactly. They are already, but where PyTorch sums 8-bit codes exactly
+    (VNNI) and this build adds pairs in 16 bits (built with -mno-avx512vnni on that CPU: the AVX512BW tier): there the
+    engine runs int8 layers in the fp32 kernel (test_int8_the_kernel_cannot_sum_runs_small_batches_in_fp32), and
+    these tests give the weights the kernel's 7-bit codes so that its pair sums run."""
+    from encoderkit.modeling import inference
+
+    if inference.int8_weight_levels() > native.int8_weight_limit():
+        monkeypatch.setattr(inference, "int8_weight_levels", lambda device="cpu": native.int8_weight_limit())
+
+
 def int8_by_formula(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias: np.ndarray,
                     inverse: np.ndarray | None) -> np.ndarray:
     """The int8 product written out from its definition, in numpy: rows (times the inverse smoothing, in fp32)
@@ -265,7 +277,7 @@ def test_int8_product_refuses_codes_its_sums_cannot_hold():
 
 @needs_int8
 @pytest.mark.parametrize("family", list(CONFIGS))
-def test_native_int8_model(family, tmp_path, monkeypatch):
+def test_native_int8_model(family, tmp_path, monkeypatch, kernel_codes):
     """A whole int8 model through the native kernel, after the int8 guard's calibration has smoothed its layers (it
     runs the PyTorch layers, which observe the activations). Each product on the real activations of the PyTorch
     int8 forward equals its formula; the native model's states are as near fp32 (transformers) as PyTorch's int8
@@ -275,11 +287,6 @@ def test_native_int8_model(family, tmp_path, monkeypatch):
     from encoderkit.modeling import inference
     from encoderkit.precision import Precision
 
-    if inference.int8_weight_levels() > native.int8_weight_limit():
-        # PyTorch sums 8-bit codes exactly here (VNNI), this build adds pairs in 16 bits (built with -mno-avx512vnni):
-        # the weights take the kernel's 7-bit codes, so that its pair sums run (the engine's own choice there, int8
-        # layers in fp32, is test_int8_the_kernel_cannot_sum_runs_small_batches_in_fp32)
-        monkeypatch.setattr(inference, "int8_weight_levels", lambda device="cpu": native.int8_weight_limit())
     config, reference, model = reference_and_ours(family, tmp_path)
     ids, types = sequences(config, [13, 9, 6, 1])
     calibration = sequences(config, [30, 24, 17, 11, 8], seed=5)[0]
@@ -318,7 +325,7 @@ def test_native_int8_model(family, tmp_path, monkeypatch):
 
 
 @needs_int8
-def test_native_int8_keeps_fp32_layers_and_follows_changes(tmp_path):
+def test_native_int8_keeps_fp32_layers_and_follows_changes(tmp_path, kernel_codes):
     """Layers kept in fp32 (``fp32_layers``) run in fp32 beside the int8 ones; a weight changed in place is
     quantised and packed again."""
     from encoderkit.engine import Engine
@@ -399,7 +406,7 @@ def test_int8_the_kernel_cannot_sum_runs_small_batches_in_fp32(kernel, tmp_path,
 
 
 @needs_int8
-def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch):
+def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch, kernel_codes):
     """int8 batches beyond MAX_TOKENS whose sequences are all short run natively (fp32 ones do not), with the
     results of PyTorch's int8 kernels; a batch with a longer sequence runs those kernels."""
     from encoderkit.engine import Engine
