@@ -135,10 +135,12 @@ def provenance() -> dict[str, Any]:
 
     versions = package_versions(PROVENANCE_PACKAGES)
     info = machine()
-    # A borrowed machine gets the working tree without .git: the command there names the commit it was sent at.
-    commit = git("rev-parse", "HEAD") or os.environ.get("ENCODERKIT_BENCH_COMMIT", "unknown")
-    dirty = bool(git("status", "--porcelain", "--", "src", "bench")) if git("rev-parse", "HEAD") else \
-        os.environ.get("ENCODERKIT_BENCH_DIRTY", "unknown")
+    # A borrowed machine gets the working tree beside a .git that may be older than it: the command there names the
+    # commit the tree was sent at (ENCODERKIT_BENCH_COMMIT, and ENCODERKIT_BENCH_DIRTY), which then wins.
+    sent = os.environ.get("ENCODERKIT_BENCH_COMMIT")
+    commit = sent or git("rev-parse", "HEAD") or "unknown"
+    dirty = (os.environ.get("ENCODERKIT_BENCH_DIRTY", "unknown") if sent
+             else bool(git("status", "--porcelain", "--", "src", "bench")))
     return {"commit": commit, "dirty": dirty,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(["python", _script_path(), *sys.argv[1:]]),
