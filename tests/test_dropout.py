@@ -93,6 +93,33 @@ def test_native_dropout_propagates_nan_and_bf16_takes_the_same_mask() -> None:
     assert bf16.dtype == torch.bfloat16 and torch.equal(bf16 == 0, fp32 == 0)
 
 
+@needs_native
+@pytest.mark.parametrize("seed", [0, 5, 2**62 - 1, 0x0123456789ABCDEF % 2**62])
+@pytest.mark.parametrize("count", [1, 127, 128 * 3 + 37, 100_003])
+def test_the_same_masks_with_the_library_and_without(seed: int, count: int) -> None:
+    """numpy's Philox (the fallback without a compiler) draws the native library's masks, bit for bit, so one seed
+    trains the same on a machine without g++."""
+    from encoderkit.modeling.dropout import philox_bits
+
+    bits = philox_bits(seed, count)
+    if count <= 128 * 3 + 37:
+        assert bits.tolist() == reference_bits(seed, count)
+    for p in (0.1, 0.5):
+        dropped = round(p * LEVELS)
+        assert torch.equal(native_keep_mask(seed, count, dropped), torch.from_numpy(bits >= dropped))
+
+
+def test_dropout_equals_with_and_without_the_library(monkeypatch) -> None:
+    if native.library() is None:
+        pytest.skip(f"no native library: {native.status()}")
+    x = torch.randn(37, 300)
+    torch.manual_seed(11)
+    with_library = dropout(x, 0.1)
+    monkeypatch.setattr(native, "library", lambda: None)
+    torch.manual_seed(11)
+    assert torch.equal(dropout(x, 0.1), with_library)
+
+
 @pytest.fixture(params=["native", "numpy"])
 def masks(request, monkeypatch) -> str:
     """Each test below runs with the native masks and with numpy's (the library taken away)."""
@@ -139,8 +166,8 @@ def test_masks_repeat_under_manual_seed_and_differ_between_calls(masks: str) -> 
 
 
 def test_neighbouring_elements_are_independent(masks: str) -> None:
-    """Elements that share a draw (four a 64-bit number with numpy; eight a Philox block, sixteen a vector's
-    counters) must not correlate, nor any neighbours'."""
+    """Elements that share a draw (eight a Philox block, sixteen a vector's counters) must not correlate, nor any
+    neighbours'."""
     torch.manual_seed(3)
     keep = (dropout(torch.ones(N), 0.5) != 0).float()
     for lag in (1, 2, 3, 4, 5, 8, 16, 128):

@@ -46,33 +46,25 @@ LayerNorm in one pass, and its gradient (``modeling.dropout.add_norm``), and the
 (``gradient_norm``).
 
 Built at first use with the machine's C++ compiler (``g++``, or ``$CXX``) for the CPU it runs on (``-march=native``)
-into ``$ENCODERKIT_CACHE`` (default ``~/.cache/encoderkit``)/native/, a few seconds once; the file name carries a
-hash of the source, the compiler and the CPU's flags. Without a compiler, or with ``ENCODERKIT_NATIVE=0``, the
-PyTorch layers run, with the same results to fp32 rounding. ``status()`` says which and why.
-``ENCODERKIT_NATIVE_FLAGS`` adds compiler flags (``-mno-avx512f``: the 256-bit build on an AVX-512 CPU, to test it).
+into ``$ENCODERKIT_CACHE`` (default ``~/.cache/encoderkit``)/native/, a few seconds once, and checked when loaded
+(``native.loader``: the cache key, a failed build remembered, the ABI check). Without a compiler, or with
+``ENCODERKIT_NATIVE=0``, the PyTorch layers run, with the same results to fp32 rounding. ``status()`` says which and
+why. ``ENCODERKIT_NATIVE_FLAGS`` adds compiler flags (``-mno-avx512f``: the 256-bit build on an AVX-512 CPU).
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
+from .loader import Embedding as _Embedding, Layer as _Layer, Linear as _Linear, library, status
 
 log = logging.getLogger(__name__)
 
-# The library: the encoder kernel, and kernels of the training step (dropout, the gradients' norm).
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("small_batch.cpp", "training.cpp"))
-HEADERS = (Path(__file__).with_name("vector_math.h"),)  # included by both; part of the build's hash
 # Batches of at most this many tokens take the native kernel. Measured on all-MiniLM-L6-v2 (Intel Xeon, Cascade Lake,
 # AVX-512, 2 threads; Engine.encode_tokens, interleaved, p50), native against the PyTorch layers: one sequence of
 # 32 tokens 8.7 against 12.5 ms, of 64 tokens 17.0 against 19.7 ms, four of 16 14.7 against 20.2 ms. Its attention
@@ -84,105 +76,6 @@ MAX_TOKENS = 64
 # 512 137 against 90 (the attention loop). In fp32 the kernel lost from 256 tokens on (8 of 32: 43 against 36 ms).
 INT8_MAX_TOKENS, INT8_MAX_LENGTH = 2048, 64
 ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
-
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_reason: str | None = None  # why the native layers are off, once tried
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("ENCODERKIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "encoderkit")
-    return Path(root) / "native"
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-
-
-def _build(compiler: str) -> Path:
-    from ..precision import cpu_flags
-
-    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    extra = os.environ.get("ENCODERKIT_NATIVE_FLAGS", "").split()  # e.g. -mno-avx512f: the 256-bit build
-    key = hashlib.sha256(source + version.encode() + " ".join(sorted(cpu_flags()) + extra).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"encoderkit-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:  # concurrent builds: the last rename wins
-        built = Path(scratch) / target.name
-        command = [compiler, "-O3", "-march=native", *extra, "-std=c++17", "-shared", "-fPIC", "-fopenmp",
-                   *map(str, SOURCES), "-o", str(built)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
-        os.replace(built, target)
-    return target
-
-
-def library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be (``status()`` says why)."""
-    global _library, _reason
-    if _library is not None or _reason is not None:
-        return _library
-    with _lock:
-        if _library is not None or _reason is not None:
-            return _library
-        if os.environ.get("ENCODERKIT_NATIVE", "1") == "0":
-            _reason = "turned off by ENCODERKIT_NATIVE=0"
-            return None
-        compiler = _compiler()
-        if compiler is None:
-            _reason = ("no C++ compiler (g++) found; install one (apt-get install g++) for faster single texts "
-                       "and training dropout")
-            return None
-        try:
-            path = _build(compiler)
-            lib = ctypes.CDLL(str(path))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-            _reason = f"the build failed: {error}"
-            log.warning("encoderkit's native layers are off (%s); the PyTorch layers run instead", _reason)
-            return None
-        pointer, integer = ctypes.c_void_p, ctypes.c_int
-        lib.ek_pack.argtypes = [pointer, pointer, integer, integer]
-        lib.ek_pack.restype = None
-        lib.ek_pack_int8.argtypes = [pointer, pointer, pointer, integer, integer]
-        lib.ek_pack_int8.restype = None
-        lib.ek_product.argtypes = [pointer, pointer, pointer, integer, integer, integer]
-        lib.ek_product.restype = None
-        lib.ek_encode.argtypes = [pointer, pointer, integer, integer, integer, integer, integer, pointer, pointer,
-                                  integer, integer, ctypes.c_float, ctypes.c_float, integer]
-        lib.ek_encode.restype = integer
-        lib.ek_vector_width.restype = integer
-        lib.ek_int8.restype = integer
-        lib.ek_phases.argtypes = [pointer]
-        lib.ek_phases.restype = integer
-        int64, uint64 = ctypes.c_int64, ctypes.c_uint64
-        lib.ek_dropout.argtypes = [pointer, pointer, int64, uint64, ctypes.c_uint32, ctypes.c_float, integer]
-        lib.ek_dropout.restype = None
-        lib.ek_dropout_mask.argtypes = [pointer, int64, uint64, ctypes.c_uint32, integer]
-        lib.ek_dropout_mask.restype = None
-        lib.ek_sum_squares.argtypes = [pointer, pointer, integer, integer]
-        lib.ek_sum_squares.restype = ctypes.c_double
-        lib.ek_adamw_rows.argtypes = [pointer] * 4 + [int64, int64, pointer, pointer] + [ctypes.c_float] * 7 + [
-            integer]
-        lib.ek_adamw_rows.restype = None
-        lib.ek_attention_probs.argtypes = [pointer, pointer, int64, int64, pointer, int64, ctypes.c_float, uint64,
-                                           ctypes.c_uint32, ctypes.c_float, integer]
-        lib.ek_attention_probs.restype = None
-        lib.ek_attention_probs_backward.argtypes = [pointer, pointer, int64, int64, ctypes.c_float, uint64,
-                                                    ctypes.c_uint32, ctypes.c_float, integer]
-        lib.ek_attention_probs_backward.restype = None
-        lib.ek_add_dropout_norm.argtypes = [pointer] * 7 + [int64, int64, ctypes.c_float, uint64, ctypes.c_uint32,
-                                                             ctypes.c_float, integer]
-        lib.ek_add_dropout_norm.restype = None
-        lib.ek_add_dropout_norm_backward.argtypes = [pointer] * 8 + [int64, int64, uint64, ctypes.c_uint32,
-                                                                      ctypes.c_float, integer]
-        lib.ek_add_dropout_norm_backward.restype = None
-        _library = lib
-        return lib
-
 
 def sum_of_squares(tensors: list[torch.Tensor]) -> float | None:
     """The sum of the squares of every element of ``tensors`` (contiguous fp32 CPU tensors), in double, in one pass
@@ -208,16 +101,6 @@ def adamw_rows(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
     lib.ek_adamw_rows(param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), rows, width,
                       active.data_ptr(), touched.data_ptr(), decay, betas[0], betas[1], step_size, bc2_sqrt, eps,
                       inv_scale, torch.get_num_threads())
-
-
-def status() -> str:
-    """Whether the native layers are available here, and if not, why."""
-    lib = library()
-    if lib is None:
-        return f"off: {_reason}"
-    int8 = {0: "fp32 only: int8 needs AVX2 or AVX-512", 1: "int8 too, summed exactly (VNNI)",
-            2: f"int8 too, pairs summed in 16 bits (weight codes within +-{PAIR_SUM_WEIGHT_LEVELS})"}[lib.ek_int8()]
-    return f"available ({lib.ek_vector_width() * 32}-bit vectors, {int8})"
 
 
 def int8_weight_limit() -> int:
@@ -251,29 +134,6 @@ def eligible(encoder: nn.Module) -> str | None:
         if not isinstance(layer.attention_norm, nn.LayerNorm):
             return "a layer without its attention norm"
     return None
-
-
-class _Embedding(ctypes.Structure):
-    """small_batch.cpp's ``Embedding``."""
-
-    _fields_ = [(name, ctypes.c_void_p) for name in ("ids", "positions", "types", "word", "position", "segment",
-                                                     "norm_weight", "norm_bias")] + \
-               [("words", ctypes.c_int64), ("places", ctypes.c_int64), ("segments", ctypes.c_int64),
-                ("eps", ctypes.c_float)]
-
-
-class _Linear(ctypes.Structure):
-    """small_batch.cpp's ``Linear``: fp32 panels, or int8 ones where ``scale`` is set."""
-
-    _fields_ = [(name, ctypes.c_void_p) for name in ("weight", "bias", "scale", "sums", "inverse")]
-
-
-class _Layer(ctypes.Structure):
-    """small_batch.cpp's ``Layer``."""
-
-    _fields_ = [(name, _Linear) for name in ("qkv", "output", "ffn_in", "ffn_out")] + \
-               [(name, ctypes.c_void_p) for name in ("attention_norm_weight", "attention_norm_bias", "ffn_norm_weight",
-                                                     "ffn_norm_bias")]
 
 
 class NativeEncoder:

@@ -488,6 +488,16 @@ void product_part(const Linear& linear, const float* x, float* y, const float* r
 
 extern "C" {
 
+// The interface's version (loader.py's ABI_VERSION) and the sizes of the structs that Python mirrors: a library
+// built from other sources than the Python beside it is refused at load, not read with the wrong layout.
+int ek_abi_version() { return 1; }
+
+void ek_struct_sizes(int64_t* out) {
+  out[0] = sizeof(Embedding);
+  out[1] = sizeof(Linear);
+  out[2] = sizeof(Layer);
+}
+
 int ek_vector_width() { return VW; }
 
 int ek_int8() { return EK_INT8; }
