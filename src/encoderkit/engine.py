@@ -21,7 +21,7 @@ from torch import nn
 from .errors import InputError
 from .modeling.encoder import EncoderModel
 from .modeling.inference import for_inference, prepack
-from .modeling.packing import Packing, plan_batches, pool_packed
+from .modeling.packing import MAX_BATCH_SIZE, Packing, plan_batches, pool_packed
 from .precision import Precision, resolve_device
 from .progress import Progress
 
@@ -29,7 +29,7 @@ from .progress import Progress
 class Engine:
     """Runs an encoder on many sequences in packed, length-sorted batches."""
 
-    def __init__(self, encoder: EncoderModel, precision: Precision, *, max_batch_size: int = 512,
+    def __init__(self, encoder: EncoderModel, precision: Precision, *, max_batch_size: int = MAX_BATCH_SIZE,
                  calibration: Sequence[Sequence[int]] | None = None) -> None:
         """``calibration``: token ids the int8 accuracy guard compares int8 with fp32 on (``precision.int8``
         only; ``self.quantization`` then holds its ``QuantizationReport``)."""

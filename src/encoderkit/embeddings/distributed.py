@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import errors as errors_module
 from ..errors import EncoderkitError, InputError
+from ..modeling.packing import MAX_BATCH_SIZE
 from ..security.provenance import sha256_file
 from ..threads import on_compute_thread
 from .shard_plan import (MANIFEST, InputShard, Plan, new_manifest, plan_shards, prepare_output, read_shard,
@@ -61,7 +62,7 @@ class ShardEmbedder:
     each of Ray's daemons that preempts one thread stalls both at the next barrier."""
 
     def __init__(self, model: str | None, threads: int, embedder_options: dict[str, Any],
-                 batch_size: int = 512) -> None:
+                 batch_size: int = MAX_BATCH_SIZE) -> None:
         import torch
 
         from ..engine import lanes_for
@@ -126,7 +127,7 @@ def model_record(model: str | Path | None, embedder_options: dict[str, Any]) -> 
 def embed_with_ray(input_spec: str | Path, out_dir: str | Path, *, model: str | Path | None = None,
                    text_field: str | None = None, id_field: str | None = None, shard_size: int = 4096,
                    workers: int = 2, threads_per_worker: int = 1, address: str | None = None,
-                   restart: bool = False, batch_size: int = 512, show_progress: bool = True,
+                   restart: bool = False, batch_size: int = MAX_BATCH_SIZE, show_progress: bool = True,
                    connect_timeout_s: float = 10.0, on_shard: Callable[[dict[str, Any]], None] | None = None,
                    **embedder_options: Any) -> DistributedEmbedResult:
     """Embed every record of ``input_spec`` (a JSONL/Parquet/text file, a directory, or a glob) into Parquet

@@ -24,6 +24,7 @@ import torch
 
 from ..data.readers import _lines
 from ..errors import DataError, InputError
+from ..modeling.packing import MAX_BATCH_SIZE
 
 DEFAULT_KS: dict[str, tuple[int, ...]] = {"ndcg": (10,), "mrr": (10,), "recall": (1, 10, 100), "map": (100,)}
 """The cut-offs reported by default, in the order printed: nDCG@10 first."""
@@ -204,7 +205,7 @@ def search_top_k(query_vectors: np.ndarray, corpus_vectors: Iterable[np.ndarray]
 
 def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str, str],
                        qrels: Mapping[str, Mapping[str, float] | Iterable[str]], *,
-                       ks: Mapping[str, Iterable[int]] | None = None, batch_size: int = 512,
+                       ks: Mapping[str, Iterable[int]] | None = None, batch_size: int = MAX_BATCH_SIZE,
                        corpus_chunk_size: int = 16384, reranker=None, rerank_top: int = 20) -> dict[str, float]:
     """Embed queries and corpus (normalised: cosine similarity), search exactly, and score with
     ``retrieval_metrics``. The corpus is embedded and searched ``corpus_chunk_size`` documents at a time.
@@ -268,7 +269,7 @@ def _cosine_rows(embedder, first: Sequence[str], second: Sequence[str], batch_si
     return (a * b).sum(axis=1)
 
 
-def sts_spearman(embedder, pairs: Sequence, *, batch_size: int = 512) -> float:
+def sts_spearman(embedder, pairs: Sequence, *, batch_size: int = MAX_BATCH_SIZE) -> float:
     """Spearman correlation of the cosine similarity of each pair with its gold score.
 
     ``pairs``: (sentence1, sentence2, score) tuples, or objects with those attributes (``STSPair``)."""
@@ -285,7 +286,7 @@ def sts_spearman(embedder, pairs: Sequence, *, batch_size: int = 512) -> float:
 
 
 def triplet_accuracy(embedder, anchors: Sequence[str], positives: Sequence[str], negatives: Sequence[str], *,
-                     batch_size: int = 512) -> float:
+                     batch_size: int = MAX_BATCH_SIZE) -> float:
     """The fraction of triplets with cos(anchor, positive) > cos(anchor, negative)."""
     if not (len(anchors) == len(positives) == len(negatives)):
         raise InputError(f"anchors, positives and negatives differ in length: "

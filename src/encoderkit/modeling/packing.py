@@ -329,7 +329,14 @@ def pool_packed(hidden: torch.Tensor, packing: Packing, mode: str) -> torch.Tens
     raise ValueError(f"unknown pooling {mode!r}")
 
 
-def plan_batches(lengths: list[int] | np.ndarray, token_budget: int, max_batch_size: int = 512) -> list[np.ndarray]:
+# The most sequences in one batch, however short they are: the engine's, the server's batcher's and the encode
+# helpers' default. Past it a batch of very short texts gains nothing, and it bounds the per-sequence work (pooling,
+# padding biases) that grows with the count rather than the tokens.
+MAX_BATCH_SIZE = 512
+
+
+def plan_batches(lengths: list[int] | np.ndarray, token_budget: int,
+                 max_batch_size: int = MAX_BATCH_SIZE) -> list[np.ndarray]:
     """Group sequence indices, longest first, so that batch_size * longest <= token_budget."""
     lengths = np.asarray(lengths)
     order = np.argsort(-lengths, kind="stable")
@@ -342,5 +349,5 @@ def plan_batches(lengths: list[int] | np.ndarray, token_budget: int, max_batch_s
     return batches
 
 
-__all__ = ["AttentionGroup", "GROUP_OVERHEAD", "Packing", "combine_biases", "length_groups", "padding_bias",
+__all__ = ["AttentionGroup", "GROUP_OVERHEAD", "MAX_BATCH_SIZE", "Packing", "combine_biases", "length_groups", "padding_bias",
            "plan_batches", "pool_packed", "pool_padded"]

@@ -20,12 +20,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..modeling.packing import plan_batches
+from ..modeling.packing import MAX_BATCH_SIZE, plan_batches
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH_ITEMS = 512  # the engine's max_batch_size
+MAX_BATCH_ITEMS = MAX_BATCH_SIZE  # the engine's
 
 
 @dataclass

@@ -22,6 +22,7 @@ from ..errors import DataError, InputError
 from ..hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..engine import engine_for
+from ..modeling.packing import MAX_BATCH_SIZE
 from ..modeling.packing import pool_padded as pool  # noqa: F401 (encoderkit.tasks.embed.pool, the padded pooling)
 from ..st_format import POOLING_MODES
 from ..tokenizer import Tokenizer
@@ -136,7 +137,7 @@ class Embedder:
                         "(long_text='window' embeds them whole)", truncated, len(texts), self.max_length)
         return ids, types, np.asarray(owner, dtype=np.int64)
 
-    def encode(self, texts: Sequence[str] | str, *, batch_size: int = 512, normalize: bool | None = None,
+    def encode(self, texts: Sequence[str] | str, *, batch_size: int = MAX_BATCH_SIZE, normalize: bool | None = None,
                convert_to: str = "numpy", progress: Callable[[int], None] | None = None,
                truncate_dim: int | None = None, lanes: int | None = None) -> np.ndarray | torch.Tensor:
         """Embed texts, returned in input order: float32 array (or tensor) of shape (len(texts), dimension).
