@@ -131,7 +131,7 @@ def encoderkit_side(task: str, work: Path, batches_wanted: int) -> tuple[Contend
     import finetune as bench
 
     from encoderkit.memory import keep_freed_memory
-    from encoderkit.training.trainer import clip_gradients, optimizer_step
+    from encoderkit.training.optim import clip_gradients, optimizer_step
 
     setup = bench.prepare(task, work / "ek", group_by_length=True)
     trainer = setup.trainer

@@ -53,12 +53,14 @@ HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0
              adam_eps=1e-8)
 MAX_LENGTH = {"sst2": 64, "conll": 128}
 HELD_OUT = 2000  # SST-2: the file's last rows, the held-out set
-SEEDS = (42, 7, 1234, 2024, 99)
+SEEDS = (42, 7, 1234, 2024, 99, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11)  # the first 5 are the goal's; up to 15 for a tighter interval
 CONTENDERS = ("transformers", "encoderkit")
 VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-torch",
             "encoderkit-carved", "encoderkit-mega8")
+GOAL_SEEDS = 5  # the goal is stated over the first 5 seeds
 GOALS = {"sst2": 0.25, "conll": 0.5}  # points below the Trainer's mean that still meet the goal
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145}  # Student's t, 97.5th percentile, by degrees of freedom
 
 
 def sst2_data(work: Path, budget: int, smoke: bool) -> tuple[Path, Path]:
@@ -176,7 +178,7 @@ def main() -> None:
     parser.add_argument("--task", choices=("sst2", "conll"), default="sst2")
     parser.add_argument("--budgets", default=None, help="training rows (default: 2000,4000,16000 for sst2, 2000 "
                                                         "for conll)")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5, help=f"how many of the seeds, 1 to {len(SEEDS)}")
     parser.add_argument("--contenders", default=",".join(CONTENDERS),
                         help=f"of {', '.join(CONTENDERS + VARIANTS)}")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: where both sides train")
@@ -196,6 +198,8 @@ def main() -> None:
         raise SystemExit(f"unknown contenders {sorted(unknown)}; 'transformers' is the reference and must run")
     budgets = [64] if args.smoke else [int(b) for b in (args.budgets or ("2000,4000,16000" if args.task == "sst2"
                                                                           else "2000")).split(",")]
+    if not 1 <= args.seeds <= len(SEEDS):
+        raise SystemExit(f"--seeds takes 1 to {len(SEEDS)}, found {args.seeds}")
     seeds = SEEDS[:1 if args.smoke else args.seeds]
     sections = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -243,12 +247,18 @@ def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> 
             f"  paired {row['paired_difference']['mean']:+.2f} [{row['paired_difference']['low']:+.2f}, "
             f"{row['paired_difference']['high']:+.2f}]" if "paired_difference" in row else ""))
     by_name = {r["contender"]: r for r in rows}
-    if "encoderkit" in by_name:
-        ours, theirs = by_name["encoderkit"]["mean"], by_name["transformers"]["mean"]
+    if "encoderkit" in by_name:  # the goal is over the first 5 seeds; more seeds give a tighter estimate beside it
+        first = GOAL_SEEDS
+        ours = statistics.fmean(by_name["encoderkit"]["metrics"][:first])
+        theirs = statistics.fmean(reference[:first])
         allowed = GOALS[task]
+        measured = f"{ours:.2f} against {theirs:.2f} ({ours - theirs:+.2f} points, over {min(first, len(reference))} seeds)"
+        if len(reference) > first:
+            difference = by_name["encoderkit"]["paired_difference"]
+            measured += (f"; over all {len(reference)} seeds {difference['mean']:+.2f} [{difference['low']:+.2f}, "
+                         f"{difference['high']:+.2f}]")
         goals.append({"goal": f"{task} at {budget:,}: encoderkit's mean at least the Trainer's minus {allowed} points",
-                      "met": ours >= theirs - allowed, "measured": f"{ours:.2f} against {theirs:.2f} "
-                      f"({ours - theirs:+.2f} points, over {len(reference)} seeds)"})
+                      "met": ours >= theirs - allowed, "measured": measured})
     return {"budget": budget, "rows": rows, "goals": goals}
 
 

@@ -43,7 +43,7 @@ def main() -> None:
     from encoderkit.data.corpus import pack_sequences, tokenize_corpus
     from encoderkit.data.masking import IGNORE_INDEX, Masker, MaskingConfig
     from encoderkit.training import Trainer, TrainingConfig
-    from encoderkit.training.trainer import parameter_groups
+    from encoderkit.training.optim import parameter_groups
 
     model_dir = default_model_path()
     tokenizer = Tokenizer.from_pretrained(model_dir)

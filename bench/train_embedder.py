@@ -113,14 +113,14 @@ def training_file(part: str, work: Path) -> Path:
 def _encoderkit_main(conn, part: str, work: Path, out: Path, threads: int, epochs: float) -> None:
     import logging
 
-    from encoderkit.training.sentence import prepare_embedder
+    from encoderkit.training.sentence import EmbedderRecipe, prepare_embedder
 
     torch.set_num_threads(threads)
     logging.basicConfig(level=logging.WARNING)
-    setup = prepare_embedder(None, training_file(part, work), out / "run", loss=part, epochs=epochs,
-                             batch_size=BATCH[part], learning_rate=HYPER["learning_rate"],
-                             warmup_ratio=HYPER["warmup_ratio"], seed=HYPER["seed"], scale=HYPER["scale"],
-                             max_length=HYPER["max_length"], show_progress=False)
+    setup = prepare_embedder(None, training_file(part, work), out / "run", EmbedderRecipe(
+        loss=part, epochs=epochs, batch_size=BATCH[part], learning_rate=HYPER["learning_rate"],
+        warmup_ratio=HYPER["warmup_ratio"], seed=HYPER["seed"], scale=HYPER["scale"], max_length=HYPER["max_length"],
+        show_progress=False))
     config = setup.trainer.config
     assert (config.weight_decay, config.adam_eps, config.max_grad_norm) == (
         HYPER["weight_decay"], HYPER["adam_eps"], HYPER["max_grad_norm"]), "the recipe drifted from HYPER"
@@ -218,11 +218,11 @@ MEMORY_RUNS = (("mnrl", 32), ("mnrl", 128), ("cached-mnrl", 32), ("cached-mnrl",
 
 def _one_step(loss: str, batch: int, train: str, out: str, threads: int) -> None:
     """One training step in this (fresh) process; its last line of output: its own peak RSS in KiB (VmHWM)."""
-    from encoderkit.training.sentence import train_embedder
+    from encoderkit.training.sentence import EmbedderRecipe, train_embedder
 
     torch.set_num_threads(threads)
-    train_embedder(None, train, out, loss=loss, batch_size=batch, mini_batch_size=32, max_steps=1,
-                   max_length=HYPER["max_length"], show_progress=False, resume=False)
+    train_embedder(None, train, out, EmbedderRecipe(loss=loss, batch_size=batch, mini_batch_size=32, max_steps=1,
+                                                    max_length=HYPER["max_length"], show_progress=False), resume=False)
     status = Path("/proc/self/status").read_text(encoding="utf-8")
     print(int(status.split("VmHWM:")[1].split()[0]), flush=True)
 

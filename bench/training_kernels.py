@@ -120,7 +120,7 @@ def update(task: str, rounds: int) -> dict[str, Any]:
 
     import finetune as bench
 
-    from encoderkit.training.trainer import clip_gradients, make_optimizer, optimizer_step
+    from encoderkit.training.optim import clip_gradients, make_optimizer, optimizer_step
 
     with tempfile.TemporaryDirectory(prefix="training-kernels-") as scratch:
         trainer = bench.prepare(task, Path(scratch), group_by_length=True).trainer

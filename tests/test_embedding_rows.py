@@ -1,4 +1,4 @@
-"""The Trainer's embedding gradients kept between steps and cleared row by row (training/trainer.EmbeddingRows):
+"""The Trainer's embedding gradients kept between steps and cleared row by row (training/optim.EmbeddingRows):
 the same steps as torch's dense embedding gradient, a weight tied to the MLM decoder left alone, a dense use of
 the weight found and handed back to torch, the modules given back after training."""
 from __future__ import annotations

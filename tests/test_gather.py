@@ -188,8 +188,8 @@ def test_train_embedder_torchrun_two_processes_equal_one(tmp_path: Path, tiny_di
 
 
 def test_gathering_a_loss_without_in_batch_comparisons_is_refused(tmp_path: Path) -> None:
-    from encoderkit.training.sentence import prepare_embedder
+    from encoderkit.training.sentence import EmbedderRecipe
 
     with pytest.raises(InputError, match="nothing to gather across processes.*mnrl, cached-mnrl, cosent"):
-        prepare_embedder(None, tmp_path / "unread.tsv", tmp_path / "out", loss="triplet", gather_across_processes=True)
+        EmbedderRecipe(loss="triplet", gather_across_processes=True)
 

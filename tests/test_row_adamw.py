@@ -1,4 +1,4 @@
-"""AdamW's step of an embedding table whose gradient is a few rows (training/trainer.optimizer_step with ``rows``,
+"""AdamW's step of an embedding table whose gradient is a few rows (training/optim.optimizer_step with ``rows``,
 native ``ek_adamw_rows``) against torch's AdamW on the same dense gradients: the same weights and state step after
 step, with weight decay and without, with the clipping scale, around a checkpoint and around steps of torch's own."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from encoderkit import native
-from encoderkit.training.trainer import clip_gradients, optimizer_step
+from encoderkit.training.optim import clip_gradients, optimizer_step
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"native library: {native.status()}")
 

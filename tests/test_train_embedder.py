@@ -63,12 +63,12 @@ def full_cosent_loss(directory: Path, rows) -> float:
 def test_cosent_lowers_loss_and_loads_in_sentence_transformers(tmp_path: Path, minilm_dir: Path) -> None:
     st = pytest.importorskip("sentence_transformers")
     from encoderkit.tasks.embed import Embedder
-    from encoderkit.training.sentence import train_embedder
+    from encoderkit.training.sentence import EmbedderRecipe, train_embedder
 
     rows = sts_rows()
     train = write_tsv(tmp_path / "sts.tsv", "sentence1\tsentence2\tscore", rows)
-    result = train_embedder(minilm_dir, train, tmp_path / "out", loss="cosent", epochs=2, batch_size=8,
-                            learning_rate=5e-5, warmup_ratio=0.0, show_progress=False)
+    result = train_embedder(minilm_dir, train, tmp_path / "out", EmbedderRecipe(
+        loss="cosent", epochs=2, batch_size=8, learning_rate=5e-5, warmup_ratio=0.0, show_progress=False))
     assert result.step == 8 and result.final_dir == tmp_path / "out" / "final"
     assert full_cosent_loss(result.final_dir, rows) < full_cosent_loss(minilm_dir, rows) - 0.05
     for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json", "model.safetensors"):
@@ -138,11 +138,11 @@ def test_rerun_resumes_from_last_checkpoint(tmp_path: Path, minilm_dir: Path, cl
     ("triplet", "anchor\tpositive\tnegative", [(q, p, QA[(i + 1) % len(QA)][1]) for i, (q, p) in enumerate(QA)]),
 ])
 def test_softmax_and_triplet_train(tmp_path: Path, minilm_dir: Path, loss: str, header: str, rows) -> None:
-    from encoderkit.training.sentence import train_embedder
+    from encoderkit.training.sentence import EmbedderRecipe, train_embedder
 
     train = write_tsv(tmp_path / "train.tsv", header, rows)
-    result = train_embedder(minilm_dir, train, tmp_path / "out", loss=loss, batch_size=4, show_progress=False,
-                            valid=train if loss == "triplet" else None)
+    result = train_embedder(minilm_dir, train, tmp_path / "out", EmbedderRecipe(
+        loss=loss, batch_size=4, show_progress=False, valid=train if loss == "triplet" else None))
     assert result.step == 2 and (result.final_dir / "modules.json").is_file()
     assert not (result.final_dir / "loss_head.pt").exists()  # the softmax classifier is not part of the embedder
     if loss == "softmax":

@@ -15,7 +15,7 @@ from encoderkit.data.corpus import pack_sequences, sentence_pairs, tokenize_corp
 from encoderkit.data.masking import Masker, MaskingConfig
 from encoderkit.tasks.fill_mask import FillMask
 from encoderkit.training import Trainer, TrainingConfig, TrainingError
-from encoderkit.training.trainer import lr_lambda, parameter_groups
+from encoderkit.training.optim import lr_lambda, parameter_groups
 
 from conftest import SHARED
 
@@ -207,7 +207,7 @@ def test_fill_mask_refuses_a_model_without_mlm_head(minilm_dir) -> None:
 @pytest.mark.parametrize("library", ["native", "torch"])
 def test_clip_gradients_equals_torch_clip_grad_norm(max_norm, library, monkeypatch) -> None:
     from encoderkit import native
-    from encoderkit.training.trainer import clip_gradients
+    from encoderkit.training.optim import clip_gradients
 
     if library == "torch":
         monkeypatch.setattr(native, "library", lambda: None)
@@ -233,7 +233,7 @@ def test_clip_gradients_equals_torch_clip_grad_norm(max_norm, library, monkeypat
 def test_clipping_inside_fused_adamw_steps_like_clipping_first() -> None:
     """With a fused AdamW the clipping coefficient goes to the optimizer's kernel (``grad_scale``) instead of a pass
     over the gradients: the parameters after the step equal those of torch's clip then step, to fp32 rounding."""
-    from encoderkit.training.trainer import clip_gradients, scales_in_step
+    from encoderkit.training.optim import clip_gradients, scales_in_step
 
     generator = torch.Generator().manual_seed(0)
     start = [torch.randn(n, generator=generator) for n in (5, 300)]

@@ -152,8 +152,9 @@ def read_state_dict(directory: Path, allow_pickle: bool = False) -> dict[str, to
 # Load / save
 # ---------------------------------------------------------------------------------------------
 def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "checkpoint",
-               new_head_expected: bool = False) -> None:
-    """Copy transformers-named tensors into ``model``, strictly (see the module doc)."""
+               new_head_expected: bool = False) -> list[str]:
+    """Copy transformers-named tensors into ``model``, strictly (see the module doc). Returns the names (the
+    model's) of the head and pooler tensors the checkpoint did not have: newly initialised."""
     config: EncoderConfig = model.config  # type: ignore[assignment]
     task_model = hasattr(model, "encoder")
     prefix = config.family.hf_prefix + "."
@@ -170,7 +171,7 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
     extra_prefixes = tuple(getattr(model, "extra_prefixes", ()))
     own = {k: v for k, v in model.state_dict().items() if not k.startswith(extra_prefixes)}
     tied = {name for name in own if name.endswith("mlm_head.decoder.weight")} if config.tie_word_embeddings else set()
-    missing, mismatched, fresh = [], [], []
+    missing, mismatched, fresh, fresh_names = [], [], [], []
     consumed: set[str] = set()
     new_state: dict[str, torch.Tensor] = {}
     for name, tensor in own.items():
@@ -183,6 +184,8 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
         is_pooler = ".pooler." in f".{name}"
         if hf_name not in state:
             (fresh if is_head or is_pooler else missing).append(hf_name)
+            if is_head or is_pooler:
+                fresh_names.append(name)
             continue
         consumed.add(hf_name)
         value = state[hf_name]
@@ -225,6 +228,7 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
                 "%s: newly initialised (not in the checkpoint; train before use): %s", source, _names(fresh))
     if dropped:
         log.info("%s: not used by this task and dropped: %s", source, _names(dropped))
+    return fresh_names
 
 
 def _names(items: list[str], limit: int = 8) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from encoderkit import load_model
 from encoderkit.data.features import collate
-from encoderkit.training.trainer import Trainer, TrainingConfig
+from encoderkit.training import Trainer, TrainingConfig
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers' Trainer needs it

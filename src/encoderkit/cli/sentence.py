@@ -50,13 +50,13 @@ def train_embedder_cmd(model: str | None, train_file: str, loss: str, matryoshka
     """Fine-tune a model into a sentence embedder with an SBERT loss."""
     import sys
 
-    from ..training.sentence import train_embedder
+    from ..training.sentence import EmbedderRecipe, train_embedder
 
-    result = train_embedder(model, train_file, out_dir, loss=loss, epochs=epochs, batch_size=batch_size,
-                            learning_rate=lr, warmup_ratio=warmup_ratio, matryoshka_dims=parse_dims(matryoshka),
-                            valid=valid, seed=seed, max_length=max_length, mini_batch_size=mini_batch_size,
-                            eval_every=eval_every, save_every=save_every, resume=not restart, device=device,
-                            show_progress=sys.stderr.isatty())
+    recipe = EmbedderRecipe(loss=loss, epochs=epochs, batch_size=batch_size, learning_rate=lr, warmup_ratio=warmup_ratio,
+                            matryoshka_dims=parse_dims(matryoshka), valid=valid, seed=seed, max_length=max_length,
+                            mini_batch_size=mini_batch_size, eval_every=eval_every, save_every=save_every,
+                            device=device, show_progress=sys.stderr.isatty())
+    result = train_embedder(model, train_file, out_dir, recipe, resume=not restart)
     if result.metric and result.best_metric is not None:
         click.echo(f"best {result.metric}: {result.best_metric:.4f} at step {result.best_step}")
     click.echo(f"final model: {result.final_dir}")

@@ -435,13 +435,16 @@ def load_model(
     labels: list[str] | None = None,
     config: EncoderConfig | None = None,
     new_head_expected: bool = False,
+    new_head_seed: int | None = None,
 ) -> nn.Module:
     """Load an HF-format model directory (or a sentence-transformers one) into encoderkit's model code.
 
     ``task`` picks the head ("base", "masked-lm", "sequence-classification", ...); None reads it from
     config.json's ``architectures``. ``labels`` sets the label names of a new classification head.
     ``new_head_expected`` (fine-tuning): a head missing from the checkpoint is noted at INFO, not warned about.
-    """
+    ``new_head_seed``: the tensors the checkpoint lacks (a new head) are initialised after ``torch.manual_seed`` of
+    it, as the first draws, as transformers initialises missing weights after loading. Drawn before loading, the
+    head's weights would be whatever followed the encoder's millions of draws: a function of the encoder's size."""
     from ..hub import resolve_model
 
     resolved = resolve_model(path)
@@ -453,13 +456,24 @@ def load_model(
         task = task_from_architectures(config)
     model = build_model(config, task)
     state = read_state_dict(resolved.weights_dir, allow_pickle=allow_pickle)
-    load_state(model, state, source=str(resolved.weights_dir), new_head_expected=new_head_expected)
+    fresh = load_state(model, state, source=str(resolved.weights_dir), new_head_expected=new_head_expected)
     load_extra_state(model, resolved.weights_dir, new_head_expected)
+    if new_head_seed is not None and fresh:
+        torch.manual_seed(new_head_seed)
+        init_fresh(model, set(fresh), config.initializer_range)
     if dtype is not None:
         model = model.to(dtype)
     model.eval()
     model.source = resolved  # type: ignore[attr-defined]
     return model
+
+
+def init_fresh(model: nn.Module, fresh: set[str], std: float) -> None:
+    """``init_weights`` of each leaf module (in module order) whose parameters are all in ``fresh``."""
+    for name, module in model.named_modules():
+        own = [f"{name}.{p}" if name else p for p, _ in module.named_parameters(recurse=False)]
+        if own and next(module.children(), None) is None and all(p in fresh for p in own):
+            init_weights(module, std)
 
 
 def load_weights(model: nn.Module, directory: str | Path) -> None:

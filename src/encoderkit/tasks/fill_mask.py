@@ -1,4 +1,8 @@
-"""Fill-mask: the most probable tokens for each mask token of a text."""
+"""Fill-mask: the most probable tokens for each mask token of a text.
+
+The encoder runs on the engine (packed batches, the native kernel for short ones), like every other pipeline, and the
+MLM head's vocabulary projection only at the mask positions: a text of 20 tokens with one mask projects one row
+onto the vocabulary, not 20."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +28,11 @@ class FillMask:
             raise InputError("fill-mask needs a model with a masked-language-model head")
         if tokenizer.mask_token_id is None:
             raise InputError("the tokenizer has no mask token")
+        from ..engine import engine_for
+
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.engine = engine_for(model, "fp32")
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, allow_pickle: bool = False) -> "FillMask":
@@ -63,19 +70,29 @@ class FillMask:
                                  f"(max_position_embeddings): shorten it around its {mask_token}: {text[:80]!r}")
             if mask_id not in batch.input_ids[row].tolist():
                 raise InputError(f"text {row} has no {mask_token} token: {text[:80]!r}")
-        output = self.model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
-        probabilities = output.logits.float().softmax(dim=-1)
+        rows = [batch.input_ids[row][batch.attention_mask[row].bool()].tolist() for row in range(len(texts))]
+        types = None if batch.token_type_ids is None else \
+            [batch.token_type_ids[row][batch.attention_mask[row].bool()].tolist() for row in range(len(texts))]
+        probabilities: list[torch.Tensor] = [torch.empty(0)] * len(texts)  # per text: (its masks, vocab)
+        for indices, states, packing in self.engine.run(rows, types):
+            starts = packing.cu_seqlens[:-1].tolist()
+            picked = [starts[k] + position for k, i in enumerate(indices.tolist())
+                      for position, token in enumerate(rows[i]) if token == mask_id]
+            logits = self.model.mlm_head(states[picked]).float().softmax(dim=-1)
+            counts = [rows[i].count(mask_id) for i in indices.tolist()]
+            for i, part in zip(indices.tolist(), logits.split(counts)):
+                probabilities[i] = part
         for row in range(len(texts)):
             per_mask = []
-            for position in (batch.input_ids[row] == mask_id).nonzero().flatten().tolist():
-                top = probabilities[row, position].topk(min(top_k, probabilities.shape[-1]))
+            positions = [position for position, token in enumerate(rows[row]) if token == mask_id]
+            for position, distribution in zip(positions, probabilities[row]):
+                top = distribution.topk(min(top_k, distribution.shape[-1]))
                 predictions = []
                 for score, token_id in zip(top.values.tolist(), top.indices.tolist()):
-                    filled = batch.input_ids[row].clone()
+                    filled = list(rows[row])
                     filled[position] = token_id
-                    real = filled[batch.attention_mask[row].bool()]
                     predictions.append(Prediction(self.tokenizer.convert_ids_to_tokens([token_id])[0] or "",
-                                                  token_id, score, self.tokenizer.decode(real.tolist())))
+                                                  token_id, score, self.tokenizer.decode(filled)))
                 per_mask.append(predictions)
             results.append(per_mask)
         return results

@@ -37,7 +37,9 @@ from ..errors import DataError, InputError
 from ..precision import resolve_device
 from ..modeling.models import HeadSpec
 from ..tokenizer import Tokenizer
-from .trainer import Trainer, TrainingConfig, distributed_run
+from .config import TrainingConfig
+from .ddp import distributed_run
+from .trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -475,8 +477,8 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
 
     config = kind.configure(dataclasses.replace(base_config, extra=dict(base_config.extra)), labels)
     config.extra["encoderkit"] = {"task": kind.name, "max_length": recipe.max_length, **kind.settings(recipe, labels)}
-    torch.manual_seed(recipe.seed)  # the new head's initial weights
-    task_model = load_model(resolved.root, task=kind.model_task, config=config, new_head_expected=True)
+    task_model = load_model(resolved.root, task=kind.model_task, config=config, new_head_expected=True,
+                            new_head_seed=recipe.seed)
     train_features = kind.features(tokenizer, train_examples, labels, recipe, True)
     world_size = world_and_rank()[0]
     steps_per_epoch = math.ceil(len(train_features) / (recipe.batch_size * world_size))

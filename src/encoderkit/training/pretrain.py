@@ -16,7 +16,9 @@ from ..errors import ConfigError, InputError
 from ..families import FAMILIES
 from ..modeling.models import build_model
 from ..tokenizer import Tokenizer
-from .trainer import Trainer, TrainingConfig, distributed_run
+from .config import TrainingConfig
+from .ddp import distributed_run
+from .trainer import Trainer
 
 log = logging.getLogger(__name__)
 

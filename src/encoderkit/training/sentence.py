@@ -46,7 +46,9 @@ from ..embeddings import losses as L
 from ..embeddings.sentence_model import FEATURE_NAMES, SentenceModel
 from ..errors import DataError, InputError
 from ..st_format import write_sentence_transformer
-from .trainer import Trainer, TrainingConfig, distributed_run
+from .config import TrainingConfig
+from .ddp import distributed_run
+from .trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -191,40 +193,68 @@ class EmbedderSetup:
     examples: int
 
 
-def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path, *, loss: str = "mnrl",
-                     epochs: float = 1, batch_size: int = 32, learning_rate: float = 2e-5, warmup_ratio: float = 0.1,
-                     matryoshka_dims: Sequence[int] | None = None, valid: str | Path | None = None, seed: int = 42,
-                     max_length: int | None = None, mini_batch_size: int = 32, pooling: str | None = None,
-                     normalize: bool | None = None, scale: float = 20.0, triplet_margin: float = 5.0,
-                     max_steps: int | None = None, eval_every: int = 0, save_every: int = 0, bf16: bool = False,
-                     device: str = "cpu", time_budget_s: float | None = None, show_progress: bool = True,
-                     gather_across_processes: bool | None = None) -> EmbedderSetup:
-    """Read the data, load the model and build the loss and the Trainer of ``train_embedder`` (its arguments),
-    without training.
+@dataclass
+class EmbedderRecipe:
+    """How ``train_embedder`` trains, as finetune's ``Recipe`` does for tasks: the loss and its settings, the
+    optimiser's, the data's, and where and how long. Checked when made.
 
-    In a distributed run (torchrun; ``train_embedder`` joins the process group) ``batch_size`` is per process.
-    ``gather_across_processes`` (default: on for the losses that compare examples of a batch with one another:
-    mnrl, cached-mnrl, cosent) gathers every process's embeddings into the loss, so the global batch of
-    processes x batch_size examples gives the loss, and the gradients, of one process on that whole batch."""
-    if loss not in LOSSES:
-        raise InputError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
-    if gather_across_processes and loss not in GATHERING_LOSSES:
-        raise InputError(f"the {loss} loss compares each example with its own texts only, so there is nothing to "
-                         f"gather across processes (it already equals the one-process loss under DDP); "
-                         f"gathering applies to {', '.join(GATHERING_LOSSES)}")
+    ``gather_across_processes`` (default: on for the losses that compare examples of a batch with one another: mnrl,
+    cached-mnrl, cosent) gathers every process's embeddings into the loss in a distributed run, so the global batch
+    of processes x batch_size examples gives the loss, and the gradients, of one process on that whole batch;
+    ``batch_size`` is per process."""
+
+    loss: str = "mnrl"
+    epochs: float = 1
+    batch_size: int = 32
+    learning_rate: float = 2e-5
+    warmup_ratio: float = 0.1
+    matryoshka_dims: Sequence[int] | None = None
+    valid: str | Path | None = None
+    seed: int = 42
+    max_length: int | None = None
+    mini_batch_size: int = 32
+    pooling: str | None = None
+    normalize: bool | None = None
+    scale: float = 20.0
+    triplet_margin: float = 5.0
+    max_steps: int | None = None
+    eval_every: int = 0
+    save_every: int = 0
+    bf16: bool = False
+    device: str = "cpu"
+    time_budget_s: float | None = None
+    show_progress: bool = True
+    gather_across_processes: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise InputError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if self.gather_across_processes and self.loss not in GATHERING_LOSSES:
+            raise InputError(f"the {self.loss} loss compares each example with its own texts only, so there is "
+                             f"nothing to gather across processes (it already equals the one-process loss under DDP); "
+                             f"gathering applies to {', '.join(GATHERING_LOSSES)}")
+        if self.epochs <= 0 or self.batch_size <= 0:
+            raise InputError(f"epochs and batch_size must be positive, found {self.epochs} and {self.batch_size}")
+        if self.matryoshka_dims and self.loss == "softmax":
+            raise InputError("--matryoshka cannot be used with the softmax loss (its classifier reads the full vector)")
+
+
+def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path,
+                     recipe: EmbedderRecipe | None = None) -> EmbedderSetup:
+    """Read the data, load the model and build the loss and the Trainer of ``train_embedder``, without training."""
+    r = recipe or EmbedderRecipe()
+    loss, epochs, batch_size, matryoshka_dims, valid, seed = (r.loss, r.epochs, r.batch_size, r.matryoshka_dims,
+                                                              r.valid, r.seed)
     world = world_and_rank()[0]
-    gather = (loss in GATHERING_LOSSES if gather_across_processes is None else gather_across_processes) and world > 1
-    if epochs <= 0 or batch_size <= 0:
-        raise InputError(f"epochs and batch_size must be positive, found {epochs} and {batch_size}")
+    gather = (loss in GATHERING_LOSSES if r.gather_across_processes is None else r.gather_across_processes) and \
+        world > 1
     data = read_training_file(train_file, loss=loss)
     if loss == "softmax" and len(data.labels or {}) < 2:
         raise DataError(f"{train_file}: the softmax loss classifies pairs into at least 2 labels, and the file has "
                         f"one ({', '.join(data.label_names)}); add pairs of another label or use another loss")
-    if matryoshka_dims and loss == "softmax":
-        raise InputError("--matryoshka cannot be used with the softmax loss (its classifier reads the full vector)")
     if loss == "triplet" and not data.negative_columns:
         raise DataError(f"{train_file}: the triplet loss needs a negative column (anchor, positive, negative)")
-    model = SentenceModel.from_pretrained(model_dir, pooling=pooling, normalize=normalize, max_length=max_length)
+    model = SentenceModel.from_pretrained(model_dir, pooling=r.pooling, normalize=r.normalize, max_length=r.max_length)
     if matryoshka_dims:
         too_big = [d for d in matryoshka_dims if d > model.dimension]
         if too_big:
@@ -234,19 +264,19 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         return L.MatryoshkaLoss(inner, matryoshka_dims) if matryoshka_dims else inner
 
     if loss == "mnrl":
-        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=scale, gather_across_processes=gather))
+        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=r.scale, gather_across_processes=gather))
     elif loss == "cached-mnrl":
         loss_module = L.CachedMultipleNegativesRankingLoss(
-            model, mini_batch_size=mini_batch_size,
-            loss=wrap(L.MultipleNegativesRankingLoss(scale=scale, gather_across_processes=gather)))
+            model, mini_batch_size=r.mini_batch_size,
+            loss=wrap(L.MultipleNegativesRankingLoss(scale=r.scale, gather_across_processes=gather)))
     elif loss == "cosent":
-        loss_module = wrap(L.CoSENTLoss(scale=scale, gather_across_processes=gather))
+        loss_module = wrap(L.CoSENTLoss(scale=r.scale, gather_across_processes=gather))
     elif loss == "cosine":
         loss_module = wrap(L.CosineSimilarityLoss())
     elif loss == "softmax":
         loss_module = L.SoftmaxLoss(model.dimension, len(data.labels or {}))
     else:
-        loss_module = wrap(L.TripletLoss(margin=triplet_margin))
+        loss_module = wrap(L.TripletLoss(margin=r.triplet_margin))
 
     examples = data.examples
     if data.shape == ANCHOR_POSITIVE:
@@ -317,15 +347,15 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         if steps_per_epoch == 0:
             raise DataError(f"{train_file}: {len(train_items)} examples do not fill one batch of {batch_size} on each "
                             f"of {world} processes; lower --batch-size")
-    total_steps = max_steps or max(1, math.ceil(epochs * steps_per_epoch))
+    total_steps = r.max_steps or max(1, math.ceil(epochs * steps_per_epoch))
     evaluate = None
     metric = None
     if valid is not None:
         metric, evaluate = _validation(valid, loss, data.labels)
     config = TrainingConfig(output_dir=str(out_dir), max_steps=total_steps, batch_size=trainer_batch,
-                            learning_rate=learning_rate, warmup_ratio=warmup_ratio, eval_every=eval_every,
-                            save_every=save_every, seed=seed, bf16=bf16, device=device, drop_last=drop_last,
-                            time_budget_s=time_budget_s, show_progress=show_progress, metric_for_best=metric,
+                            learning_rate=r.learning_rate, warmup_ratio=r.warmup_ratio, eval_every=r.eval_every,
+                            save_every=r.save_every, seed=seed, bf16=r.bf16, device=r.device, drop_last=drop_last,
+                            time_budget_s=r.time_budget_s, show_progress=r.show_progress, metric_for_best=metric,
                             shuffle=not mnrl_like,  # MNRL's batches come shuffled, and slice p of one goes to process p
                             save_final=True)
     wrapper = EmbedderTraining(model, loss_module, loss, columns)
@@ -334,15 +364,16 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
     return EmbedderSetup(trainer=trainer, model=model, metric=metric, examples=len(examples))
 
 
-def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path, *,
-                   resume: bool = True, **options: Any) -> EmbedderResult:
+def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path,
+                   recipe: EmbedderRecipe | None = None, *, resume: bool = True) -> EmbedderResult:
     """Fine-tune ``model_dir`` (any family encoderkit loads; None: the default model) into a sentence embedder
     on ``train_file`` with ``loss``; checkpoints, metrics.jsonl, loss.png, best/ (by the validation metric when
     ``valid`` is given) and final/ go under ``out_dir``; final/ is a sentence-transformers directory. Rerunning
-    with the same out_dir resumes from its last checkpoint (``resume=False`` starts over). ``options``: those
-    of ``prepare_embedder`` (loss, epochs, batch_size, learning_rate, matryoshka_dims, valid, ...)."""
-    with distributed_run(options.get("device", "cpu")):  # under torchrun: one process group, DDP, gathering
-        setup = prepare_embedder(model_dir, train_file, out_dir, **options)
+    with the same out_dir resumes from its last checkpoint (``resume=False`` starts over). ``recipe``: the loss and
+    how to train (``EmbedderRecipe``; default: MNRL, 1 epoch)."""
+    recipe = recipe or EmbedderRecipe()
+    with distributed_run(recipe.device):  # under torchrun: one process group, DDP, gathering
+        setup = prepare_embedder(model_dir, train_file, out_dir, recipe)
         result = setup.trainer.train(resume=resume)
         return finish_embedder(out_dir, setup, result)
 
@@ -370,5 +401,5 @@ def finish_embedder(out_dir: str | Path, setup: EmbedderSetup, result: dict[str,
                           best_step=result["best_step"], metric=setup.metric, history=result["history"])
 
 
-__all__ = ["EmbedderResult", "EmbedderSetup", "EmbedderTraining", "LOSSES", "finish_embedder", "prepare_embedder",
+__all__ = ["EmbedderRecipe", "EmbedderResult", "EmbedderSetup", "EmbedderTraining", "LOSSES", "finish_embedder", "prepare_embedder",
            "train_embedder"]
