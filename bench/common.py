@@ -126,21 +126,32 @@ def package_versions(packages: tuple[str, ...], missing: str | None = None) -> d
     return found
 
 
-def provenance() -> dict[str, Any]:
-    """What a result was measured with: the commit and whether the tree differed from it, the command, the date,
-    the CPU and its flags, torch's threads and the versions of the libraries that decide speed."""
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
 
+
+def _code_state() -> tuple[str, bool | str]:
+    """The commit and whether src/ or bench/ differed from it. A borrowed machine gets the working tree beside a
+    .git that may be older than it: the command there names the commit the tree was sent at
+    (ENCODERKIT_BENCH_COMMIT, and ENCODERKIT_BENCH_DIRTY), which then wins."""
+    sent = os.environ.get("ENCODERKIT_BENCH_COMMIT")
+    if sent:
+        return sent, os.environ.get("ENCODERKIT_BENCH_DIRTY", "unknown")
+    return _git("rev-parse", "HEAD") or "unknown", bool(_git("status", "--porcelain", "--", "src", "bench"))
+
+
+# Read when the benchmark starts, not when it writes: a run of an hour measures the code it imported then, whatever
+# was committed meanwhile.
+_STARTED_AT = _code_state()
+
+
+def provenance() -> dict[str, Any]:
+    """What a result was measured with: the commit and whether the tree differed from it (at the run's start), the
+    command, the date, the CPU and its flags, torch's threads and the versions of the libraries that decide speed."""
     versions = package_versions(PROVENANCE_PACKAGES)
     info = machine()
-    # A borrowed machine gets the working tree beside a .git that may be older than it: the command there names the
-    # commit the tree was sent at (ENCODERKIT_BENCH_COMMIT, and ENCODERKIT_BENCH_DIRTY), which then wins.
-    sent = os.environ.get("ENCODERKIT_BENCH_COMMIT")
-    commit = sent or git("rev-parse", "HEAD") or "unknown"
-    dirty = (os.environ.get("ENCODERKIT_BENCH_DIRTY", "unknown") if sent
-             else bool(git("status", "--porcelain", "--", "src", "bench")))
+    commit, dirty = _STARTED_AT
     return {"commit": commit, "dirty": dirty,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(["python", _script_path(), *sys.argv[1:]]),

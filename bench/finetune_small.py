@@ -224,8 +224,16 @@ def main() -> None:
         return
     name = f"finetune_small_{args.task}" + ("" if args.device == "cpu" else f"_{args.device}")
     earlier = RESULTS / f"{name}.json"
-    kept = [s for s in json.loads(earlier.read_text())["sections"] if s["budget"] not in budgets] \
-        if earlier.exists() else []  # a rerun of some budgets keeps the others, with their own provenance
+    kept = []  # a rerun of some budgets keeps the others, each with its own provenance (never re-stamped)
+    if earlier.exists():
+        before = json.loads(earlier.read_text())
+        for section in before["sections"]:
+            if section["budget"] not in budgets:
+                section.setdefault("provenance", before["provenance"])  # written before sections had their own
+                section.setdefault("seeds", before["seeds"])
+                kept.append(section)
+    for section in sections:
+        section.update(provenance=common.provenance(), seeds=list(seeds))
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
     write_result(name, {"task": args.task, "device": args.device, "gpu": gpu, "hyperparameters": {**HYPER, "epochs": 1, "max_length": MAX_LENGTH[args.task]},
                         "seeds": list(seeds), "sections": sorted(kept + sections, key=lambda s: s["budget"]),

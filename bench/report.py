@@ -358,8 +358,15 @@ def render_finetune_small(r: dict[str, Any]) -> list[str]:
              f"{', '.join(map(str, r['seeds']))}, each seeding both sides; the same rows and held-out set for both "
              "(see the script's doc). Paired difference: encoderkit minus the Trainer, seed by seed, with its 95% "
              "interval (Student's t).", ""]
+    if r.get("note"):
+        lines += [r["note"], ""]
     for section in r["sections"]:
         lines += [f"**{section['budget']:,} training rows**", ""]
+        own = section.get("provenance")
+        if own and own.get("commit") != r["provenance"].get("commit"):
+            lines += [f"_This budget was measured apart: {own['date']}, commit {str(own['commit'])[:10]}"
+                      f"{' (dirty)' if own.get('dirty') is True else ''}, seeds "
+                      f"{', '.join(map(str, section.get('seeds', r['seeds'])))}._", ""]
         table = []
         for row in section["rows"]:
             difference = row.get("paired_difference")

@@ -332,8 +332,12 @@ def test_split_seed_fixes_the_carved_validation_while_the_training_seed_varies(t
     assert not torch.equal(head_a, head_b)  # the training seed still draws the new head
 
 
-def test_qa_trains_on_random_batches_unless_told_otherwise(tmp_path, tiny) -> None:
-    """Length grouping is the default, except for QA (Recipe.group_by_length says why); an explicit choice wins."""
+def test_length_grouping_by_steps_and_random_for_qa(tmp_path, tiny, monkeypatch) -> None:
+    """Length grouping is the default from GROUPED_FROM_STEPS steps an epoch, random below, and random for QA
+    (Recipe.group_by_length says why); an explicit choice wins."""
+    import math
+
+    from encoderkit.training import finetune
     from encoderkit.training.finetune import prepare_finetune, task_kind
 
     squad = write_squad(tmp_path / "train.json", 40)
@@ -348,5 +352,13 @@ def test_qa_trains_on_random_batches_unless_told_otherwise(tmp_path, tiny) -> No
     plain = np.random.default_rng([3, 0]).permutation(len(qa.train_data))  # the seeded random order, no grouping
     assert np.array_equal(qa._order(0), plain)
     assert trainer("qa", squad, group_by_length=True).config.group_by_length is True
-    assert trainer("classify", sentiment).config.group_by_length is True
+    few = trainer("classify", sentiment)
+    steps = math.ceil(len(few.train_data) / few.config.batch_size)
+    assert steps < finetune.GROUPED_FROM_STEPS and few.config.group_by_length is False  # a few steps: random
+    monkeypatch.setattr(finetune, "GROUPED_FROM_STEPS", steps)
+    assert trainer("classify", sentiment).config.group_by_length is True  # from the threshold on: grouped
     assert trainer("classify", sentiment, group_by_length=False).config.group_by_length is False
+    assert trainer("qa", squad).config.group_by_length is False
+    monkeypatch.setattr(finetune, "GROUPED_FROM_STEPS", steps + 1)
+    assert trainer("classify", sentiment).config.group_by_length is False
+    assert trainer("classify", sentiment, group_by_length=True).config.group_by_length is True

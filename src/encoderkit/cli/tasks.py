@@ -59,7 +59,8 @@ def _named(values: tuple[str, ...], what: str) -> dict[str, str]:
 @click.option("--crf", is_flag=True, help="ner: a CRF over the word tags")
 @click.option("--early-stopping", type=int, default=None, help="stop after N evaluations without improvement")
 @click.option("--length-grouping/--no-length-grouping", default=None,
-              help="batches of similar length, or plain random ones [default: length-grouped, random for qa]")
+              help="batches of similar length, or plain random ones [default: length-grouped from 250 steps an "
+                   "epoch, else random; random for qa]")
 @dtype_option(help="bf16 = bf16 autocast (faster where the CPU has bf16 units; BENCHMARKS.md compares)",
               choices=TRAIN_DTYPES)
 @device_option("where to train and evaluate: cpu, cuda or cuda:N")
