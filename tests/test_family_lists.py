@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def named(text: str) -> set[str]:
-    words = set(re.findall(r"[a-z][a-z0-9]*(?:-v\d)?", text.lower()))
+    words = set(re.findall(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", text.lower()))
     return {name for name in FAMILIES if name in words}
 
 

@@ -88,13 +88,13 @@ def test_the_loaded_library_matches_this_python():
     assert native_library.check_abi(lib) is None
 
 
-def test_a_library_of_another_interface_is_refused(fresh, monkeypatch):
+def test_a_library_of_another_interface_is_refused(monkeypatch):
     lib = native_library.library()
     if lib is None:
         pytest.skip(f"no native library here: {native_library.status()}")
     monkeypatch.setattr(native_library, "ABI_VERSION", native_library.ABI_VERSION + 1)
     assert "interface is version" in native_library.check_abi(lib)
-    monkeypatch.setattr(native_library, "_loaded", native_library._Loaded())
+    monkeypatch.setattr(native_library, "_loaded", native_library._Loaded())  # the next process, same cached build
     assert native_library.library() is None
     assert "does not match this encoderkit" in native_library.status()
     monkeypatch.setattr(native_library, "ABI_VERSION", native_library.ABI_VERSION - 1)

@@ -215,8 +215,9 @@ class EncoderConfig:
         if self.conv_kernel_size < 0 or (self.conv_kernel_size and self.hidden_size % self.conv_groups):
             raise ConfigError(f"conv_kernel_size ({self.conv_kernel_size}) must be >= 0 and hidden_size must be "
                               f"divisible by conv_groups ({self.conv_groups})")
-        if self.model_type == "roberta" and self.max_position_embeddings <= self.pad_token_id + 1:
-            raise ConfigError("roberta needs max_position_embeddings > pad_token_id + 1 (positions start after padding)")
+        if self.family.positions_from_padding and self.max_position_embeddings <= self.pad_token_id + 1:
+            raise ConfigError(f"{self.model_type} needs max_position_embeddings > pad_token_id + 1 (positions start "
+                              "after padding)")
 
     @property
     def max_sequence_length(self) -> int:

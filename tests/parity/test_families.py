@@ -1,4 +1,4 @@
-"""Parity with transformers for the five families: every layer, every attention map, every head.
+"""Parity with transformers for the BERT-like families: every layer, every attention map, every head.
 
 A small random model is made with transformers (its weights perturbed so that no LayerNorm or bias
 is at its trivial initial value), saved, loaded into encoderkit and run on a padded batch of pairs.
@@ -24,6 +24,13 @@ CONFIGS = {
     "roberta": lambda: transformers.RobertaConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
         max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
+    # RoBERTa's architecture under other names (their own vocabulary sizes in real checkpoints)
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
+    "camembert": lambda: transformers.CamembertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=29,
+        max_position_embeddings=40, type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
     "distilbert": lambda: transformers.DistilBertConfig(
         vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=37, max_position_embeddings=40),
     "albert": lambda: transformers.AlbertConfig(
@@ -33,7 +40,8 @@ CONFIGS = {
         vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
         intermediate_size=37, max_position_embeddings=40),
 }
-STEMS = {"bert": "Bert", "roberta": "Roberta", "distilbert": "DistilBert", "albert": "Albert", "electra": "Electra"}
+STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
+         "distilbert": "DistilBert", "albert": "Albert", "electra": "Electra"}
 TASKS = {
     "base": "Model",
     "masked-lm": "ForMaskedLM",
