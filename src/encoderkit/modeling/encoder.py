@@ -19,7 +19,7 @@ from torch import nn
 from ..config import EncoderConfig
 from ..errors import InputError
 from ..native import native_forward
-from .attention import AttentionContext, RotaryTables, SelfAttention, check_attention_bias
+from .attention import AttentionContext, RelativePositionBias, RotaryTables, SelfAttention, check_attention_bias
 from .dropout import Dropout, add_norm
 from .embeddings import Embeddings
 from .inference import fused_product, plus_product
@@ -205,6 +205,7 @@ class EncoderModel(nn.Module):
         self.relative = RelativeEmbeddings(config) \
             if config.relative_attention or config.norm_rel_ebd == "layer_norm" else None
         self.conv = ConvBeside(config) if config.conv_kernel_size > 0 else None
+        self.position_bias = RelativePositionBias(config) if config.family.position_bias else None
         self.rotary = None
         if config.global_rope_theta is not None:
             self.rotary = RotaryTables(config.head_dim, {"global": config.global_rope_theta,
@@ -246,7 +247,7 @@ class EncoderModel(nn.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         context = AttentionContext(packing, output_attentions, self.rotary,
                                    None if self.relative is None else self.relative(), score_parts,
-                                   dense=self.traceable)
+                                   dense=self.traceable, position_bias=self.position_bias)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         embedded = x

@@ -126,6 +126,8 @@ def eligible(encoder: nn.Module) -> str | None:
         return "rotary or relative positions"
     if encoder.conv is not None:
         return "a convolution beside the first layer"
+    if encoder.position_bias is not None:
+        return "a relative position bias (MPNet)"
     for layer in encoder.layers:
         if layer.glu or layer.activation.name not in ACTIVATIONS:
             return f"the activation {layer.activation.name}{' (GLU)' if layer.glu else ''}"
