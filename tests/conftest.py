@@ -20,7 +20,9 @@ def shared_file(*parts: str) -> Path:
 def pytest_configure(config) -> None:
     """Under pytest-xdist (``make test`` runs two workers), each worker computes on one torch thread: two workers of
     two threads on a 2-CPU machine would spin-wait against each other at every op. Tests that need more threads set
-    them themselves; the processes tests start keep torch's default."""
+    them themselves; the processes tests start keep torch's default. No test reaches the Hugging Face hub: a hub id
+    resolves from a cache the test lays out on disk (HF_HUB_OFFLINE=1; tests of the download path fake it)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 

@@ -313,3 +313,21 @@ def test_the_registry_loads_on_the_compute_thread(monkeypatch):
     monkeypatch.setattr(registry_module.ModelRegistry, "__init__", lambda self, served: None)
     ModelRegistry.load([("a", "first"), ("b", "second")])
     assert len(threads) == 2 and all(name.startswith(THREAD_NAME) for name in threads), threads
+
+
+def test_models_list_and_the_names_a_request_may_use(registry):
+    """GET /v1/models lists the served names (OpenAI's shape); the default model also answers to "default" and
+    its hub id; an unknown name is a 4xx naming the served ones."""
+    listed, by_alias, by_hub_id, unknown = call(registry, [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/embeddings", {"input": "hello", "model": "default"}),
+        ("POST", "/v1/embeddings", {"input": "hello", "model": "sentence-transformers/all-MiniLM-L6-v2"}),
+        ("POST", "/v1/embeddings", {"input": "hello", "model": "nope"})])
+    assert listed.status_code == 200 and listed.json()["object"] == "list"
+    assert [m["id"] for m in listed.json()["data"]] == registry.names()
+    assert all(m["object"] == "model" for m in listed.json()["data"])
+    direct = post(registry, "/v1/embeddings", {"input": "hello", "model": registry.default})
+    for response in (by_alias, by_hub_id):
+        assert response.status_code == 200
+        assert response.json()["data"][0]["embedding"] == direct.json()["data"][0]["embedding"]
+    assert 400 <= unknown.status_code < 500 and registry.default in unknown.text

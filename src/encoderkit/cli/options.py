@@ -8,7 +8,9 @@ import click
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-MODEL_HELP = "model directory (HF format or sentence-transformers); default: all-MiniLM-L6-v2"
+MODEL_HELP = ("model directory (HF format or sentence-transformers) or hub id ORG/NAME (from the Hugging Face cache, "
+              "else downloaded); default: all-MiniLM-L6-v2")
+REVISION_KEY = "encoderkit.revision"
 DTYPE_HELP = ("fp32 (exact), bf16 (faster, slightly less exact), int8 (int8 linear layers: fastest, least exact; "
               "warns when a model loses too much), auto (bf16 where the CPU runs it natively; never int8)")
 DTYPES = ("fp32", "bf16", "int8", "auto")  # inference; training commands pass TRAIN_DTYPES
@@ -30,8 +32,27 @@ def device_option(help: str = "where the model computes: cpu, cuda or cuda:N (a 
 
 
 def model_option(help: str = MODEL_HELP) -> Decorator:
-    """--model: a model directory, None meaning the default model."""
-    return click.option("--model", default=None, help=help)
+    """--model: a model directory or hub id, None meaning the default model; with --revision (a branch, tag or
+    commit of a hub id), handed on as ``ORG/NAME@REVISION``, which ``hub.resolve_model`` reads."""
+    def remember(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value:
+            ctx.meta[REVISION_KEY] = value
+
+    def attach(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        revision = ctx.meta.get(REVISION_KEY)
+        if revision is None:
+            return value
+        if value is None or "@" in value:
+            raise click.BadParameter("--revision picks a revision of a hub model: give --model ORG/NAME (without "
+                                     "@REVISION) with it", param_hint="'--revision'")
+        return f"{value}@{revision}"
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        function = click.option("--model", default=None, help=help, callback=attach)(function)
+        return click.option("--revision", default=None, is_eager=True, expose_value=False, callback=remember,
+                            help="branch, tag or commit of a hub model (--model ORG/NAME); default: main")(function)
+
+    return decorate
 
 
 def seed_option(default: int = 0, *, help: str | None = None) -> Decorator:

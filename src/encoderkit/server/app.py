@@ -23,7 +23,7 @@ from .state import ServerState
 from .studio import ATTENTION_PATH as STUDIO_ATTENTION, is_public as studio_is_public, mount_studio
 
 INFERENCE_PATHS = {"/embed", "/v1/embeddings", "/rerank", "/predict", "/ner", "/qa", "/fill-mask", "/search"}
-SERVICE_PATHS = {"/tokenize", "/health", "/info", "/metrics", "/docs", "/openapi.json", "/"}
+SERVICE_PATHS = {"/tokenize", "/health", "/info", "/metrics", "/docs", "/openapi.json", "/", "/v1/models"}
 
 
 def create_app(registry: ModelRegistry, settings: ServerSettings | None = None) -> FastAPI:
@@ -75,7 +75,12 @@ def _service_routes(app: FastAPI, state: ServerState) -> None:
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    del health, info, metrics  # registered on the app
+    @app.get("/v1/models", summary="The served models, as OpenAI's model list (what OpenAI clients ask first)")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "encoderkit"} for name in registry.names()]})
+
+    del health, info, metrics, models  # registered on the app
 
 
 def server_info(state: ServerState) -> dict[str, Any]:

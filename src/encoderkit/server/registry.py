@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ..config import EncoderConfig
 from ..errors import CheckpointError, InputError
-from ..hub import DEFAULT_MODEL_NAMES, default_model_path, resolve_model
+from ..hub import DEFAULT_MODEL_NAMES, HUB_ID, default_model_path, resolve_model
 from ..modeling.models import task_from_architectures
 from ..threads import on_compute_thread
 from ..tokenizer import Tokenizer
@@ -38,6 +38,7 @@ class ServedModel:
     tokenizer: Tokenizer
     pipelines: dict[str, Any] = field(default_factory=dict)
     fill_mask_budget: int = FILL_MASK_TOKEN_BUDGET
+    aliases: tuple[str, ...] = ()  # other names requests may use: what the user served it as, "default", ...
 
     @property
     def kinds(self) -> set[str]:
@@ -98,6 +99,12 @@ class ModelRegistry:
         self._models = {m.name: m for m in models}
         if len(self._models) != len(models):
             raise InputError(f"model names must be unique, found {[m.name for m in models]}")
+        # an alias never shadows a served name, and the first model to claim one keeps it
+        self._aliases: dict[str, str] = {}
+        for model in models:
+            for alias in model.aliases:
+                if alias not in self._models:
+                    self._aliases.setdefault(alias, model.name)
         self.search = search
 
     # ----- the contract the web studio relies on ---------------------------------------------
@@ -123,6 +130,7 @@ class ModelRegistry:
         """The model called ``name`` (None: the default); an unknown name raises ``UnknownModel``."""
         if name is None:
             return self._models[self.default]
+        name = self._aliases.get(name, name)
         if name not in self._models:
             raise UnknownModel(f"no model named {name!r} is served; choose one of: {', '.join(self._models)}")
         return self._models[name]
@@ -154,6 +162,9 @@ def model_name(path: str | Path | None, resolved_root: Path) -> str:
     """The name a model is served under when none is given: the default model's, or its directory's name."""
     if path is None or str(path).lower() in DEFAULT_MODEL_NAMES:
         return DEFAULT_MODEL_NAME
+    hub = HUB_ID.match(str(path)) if not Path(str(path)).expanduser().exists() else None
+    if hub is not None:  # a hub id: served under it, without the revision
+        return hub["repo"]
     try:
         if resolved_root.resolve() == default_model_path().resolve():
             return DEFAULT_MODEL_NAME
@@ -167,6 +178,9 @@ def load_served_model(path: str | Path | None, name: str | None = None, *, dtype
     """Load a model directory with the pipelines of every endpoint its head serves."""
     resolved = resolve_model(path)
     name = name or model_name(path, resolved.root)
+    aliases = {str(path)} if path is not None else set()
+    if name == DEFAULT_MODEL_NAME:
+        aliases |= {"default", "sentence-transformers/all-MiniLM-L6-v2"}
     config = EncoderConfig.from_json_file(resolved.weights_dir / "config.json")
     task = task_from_architectures(config)
     root = resolved.root
@@ -177,7 +191,8 @@ def load_served_model(path: str | Path | None, name: str | None = None, *, dtype
     tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
     log.info("serving %s (%s %s) as %r: %s", root, config.model_type, task, name, ", ".join(sorted(pipelines)))
     return ServedModel(name, root, config, task, tokenizer, pipelines,
-                       fill_mask_budget=token_budget or FILL_MASK_TOKEN_BUDGET)
+                       fill_mask_budget=token_budget or FILL_MASK_TOKEN_BUDGET,
+                       aliases=tuple(sorted(aliases - {name})))
 
 
 def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> dict[str, Any]:
