@@ -18,7 +18,7 @@ The reader takes both.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,8 @@ class SentenceTransformerInfo:
     normalize: bool = False
     max_seq_length: int | None = None
     dimension: int | None = None
+    prompts: dict[str, str] = field(default_factory=dict)  # config_sentence_transformers.json: name -> prefix
+    default_prompt_name: str | None = None  # the prompt every text gets unless told otherwise
 
 
 def _read_json(path: Path) -> Any:
@@ -89,7 +91,26 @@ def read_sentence_transformer(root: Path) -> tuple[Path, SentenceTransformerInfo
             dimension = pooling_config.get("word_embedding_dimension", pooling_config.get("embedding_dimension"))
         elif kind.endswith(".Normalize"):
             normalize = True
-    return weights_dir, SentenceTransformerInfo(pooling, normalize, max_seq_length, dimension)
+    prompts, default_prompt_name = read_prompts(root)
+    return weights_dir, SentenceTransformerInfo(pooling, normalize, max_seq_length, dimension, prompts,
+                                                default_prompt_name)
+
+
+def read_prompts(root: Path) -> tuple[dict[str, str], str | None]:
+    """``prompts`` and ``default_prompt_name`` of a directory's config_sentence_transformers.json (none: {}, None);
+    a default that names no prompt, or prompts that are not strings, are a ConfigError."""
+    path = root / "config_sentence_transformers.json"
+    if not path.is_file():
+        return {}, None
+    config = _read_json(path)
+    prompts = config.get("prompts") or {}
+    default = config.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ConfigError(f"{path}: prompts must map names to strings, found {prompts!r}")
+    if default is not None and default not in prompts:
+        raise ConfigError(f"{path}: default_prompt_name {default!r} is not among its prompts "
+                          f"({', '.join(prompts) or 'none'})")
+    return dict(prompts), default
 
 
 def pooling_mode(config: dict) -> str:
@@ -111,7 +132,8 @@ def pooling_mode(config: dict) -> str:
 
 def write_sentence_transformer(directory: str | Path, *, pooling: str, normalize: bool, max_seq_length: int,
                                dimension: int, do_lower_case: bool = False,
-                               similarity_fn_name: str = "cosine") -> Path:
+                               similarity_fn_name: str = "cosine", prompts: dict[str, str] | None = None,
+                               default_prompt_name: str | None = None) -> Path:
     """Make an HF model directory (written by ``save_pretrained``) a sentence-transformers one.
 
     ``pooling`` is one of ``POOLING_MODES``; ``normalize`` adds the L2-normalisation module;
@@ -144,8 +166,8 @@ def write_sentence_transformer(directory: str | Path, *, pooling: str, normalize
     if normalize:
         (directory / NORMALIZE_DIR).mkdir(exist_ok=True)
     _write_json(directory / "config_sentence_transformers.json", {
-        "__version__": _versions(), "default_prompt_name": None, "model_type": "SentenceTransformer",
-        "prompts": {}, "similarity_fn_name": similarity_fn_name,
+        "__version__": _versions(), "default_prompt_name": default_prompt_name, "model_type": "SentenceTransformer",
+        "prompts": dict(prompts or {}), "similarity_fn_name": similarity_fn_name,
     }, sort_keys=True)
     return directory
 

@@ -39,6 +39,9 @@ from .options import (
 @truncate_dim_option()
 @click.option("--prompt", default=None,
               help='text put before every record, as the model expects it (e.g. "passage: ", "search_document: ")')
+@click.option("--prompt-name", default=None,
+              help="a prompt the model names in its config_sentence_transformers.json (e.g. query, document); "
+                   "default: the model's default prompt, if it has one")
 @restart_option("ignore the progress of an interrupted run and start over (--engine ray: delete its shards)")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this process; ray: a pool of Ray actors over JSONL/Parquet/text files (a file, a directory "
@@ -50,10 +53,16 @@ from .options import (
 def embed(input_path: str, out_path: str, model: str | None, dtype: str, device: str, fmt: str | None,
           text_field: str | None,
           id_field: str | None, max_length: int | None, long_text: str, chunk_size: int, truncate_dim: int | None,
-          prompt: str | None, restart: bool, engine: str, address: str | None, workers: int | None,
-          threads_per_worker: int | None) -> None:
+          prompt: str | None, prompt_name: str | None, restart: bool, engine: str, address: str | None,
+          workers: int | None, threads_per_worker: int | None) -> None:
     """Embed records, streamed and resumable: a text/JSONL/CSV file into a float32 .npy (input order) plus ids,
     or with --engine ray, JSONL/Parquet/text shards into Parquet shards on a Ray cluster."""
+    if prompt_name is not None:
+        if prompt is not None:
+            raise InputError("give --prompt (the text) or --prompt-name (the model's name for one), not both")
+        from ..tasks.embed import named_prompt
+
+        prompt = named_prompt(model, prompt_name)
     embedder_options = dict(dtype=dtype, max_length=max_length, long_text=long_text, truncate_dim=truncate_dim,
                             prompt=prompt)
     if engine == "ray":

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from ..errors import InputError
 from ..tasks.pipeline import softmax
 from ..tasks.rerank import activate, distinct, ranked
 from .errors import ApiError, describe_validation_errors
@@ -181,9 +182,18 @@ async def begin(request: Request, schema: type[Body], kind: str | None = None
 # Embeddings
 # ---------------------------------------------------------------------------------------------
 async def embed_texts(state: ServerState, request: Request, model: ServedModel, value: str | list[str], field: str,
-                      *, truncate: bool, dimensions: int | None, normalize: bool) -> tuple[np.ndarray, int]:
-    """(vectors (texts, dim) float32, tokens read) of the request's texts."""
+                      *, truncate: bool, dimensions: int | None, normalize: bool,
+                      prompt_name: str | None = None) -> tuple[np.ndarray, int]:
+    """(vectors (texts, dim) float32, tokens read) of the request's texts, each after the prompt ``prompt_name``
+    names (None: the model's default prompt, if any), as ``Embedder.encode`` puts it."""
     texts, single = texts_of(state, value, field)
+    embedder = model.pipeline("embed")
+    try:
+        prompt = embedder.prompt if prompt_name is None else embedder.prompt_of(None, prompt_name)
+    except InputError as exc:
+        raise ApiError(422, f"prompt_name: {exc}") from None
+    if prompt:
+        texts = [prompt + text for text in texts]
     size = model.config.hidden_size
     if dimensions is not None and not 1 <= dimensions <= size:
         raise ApiError(422, f"dimensions: must be between 1 and {size} (model {model.name!r} gives {size}-dim "
@@ -204,7 +214,7 @@ async def embed_texts(state: ServerState, request: Request, model: ServedModel, 
 async def embed(request: Request) -> JSONResponse:
     state, body, model = await begin(request, EmbedRequest, "embed")
     vectors, _ = await embed_texts(state, request, model, body.inputs, "inputs", truncate=body.truncate,
-                                   dimensions=body.dimensions, normalize=body.normalize)
+                                   dimensions=body.dimensions, normalize=body.normalize, prompt_name=body.prompt_name)
     return JSONResponse(vectors.tolist())
 
 

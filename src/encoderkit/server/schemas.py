@@ -21,6 +21,8 @@ class EmbedRequest(_Request):
     normalize: bool = True
     truncate: bool = False
     dimensions: Optional[int] = Field(None, description="keep the first N dimensions (Matryoshka), then normalize")
+    prompt_name: Optional[str] = Field(None, description="a prompt the model names (config_sentence_transformers.json"
+                                                         "), put before every text; default: the model's default")
     model: Optional[str] = MODEL_FIELD
 
 

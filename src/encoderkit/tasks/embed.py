@@ -62,7 +62,8 @@ class Embedder:
                  max_length: int | None = None, dtype: str | torch.dtype = "fp32", token_budget: int | None = None,
                  long_text: str = "truncate", window_stride: int | None = None,
                  truncate_dim: int | None = None, device: str | torch.device | None = None,
-                 prompt: str | None = None) -> None:
+                 prompt: str | None = None, prompt_name: str | None = None, prompts: dict[str, str] | None = None,
+                 default_prompt_name: str | None = None) -> None:
         if pooling not in POOLING_MODES:
             raise InputError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLING_MODES)}")
         if long_text not in LONG_TEXT_MODES:
@@ -83,10 +84,12 @@ class Embedder:
         self.long_text = long_text
         self.window_stride = window_stride if window_stride is not None else self.max_length // 4
         self.truncate_dim = check_truncate_dim(truncate_dim, model.config.hidden_size)
-        if prompt is not None and not isinstance(prompt, str):
-            raise InputError(f"prompt must be a string, found {type(prompt).__name__}")
-        # Prepended to every text before tokenising, as sentence-transformers' prompt= ("query: ", ...)
-        self.prompt = prompt or None
+        # The model's named prompts (config_sentence_transformers.json) and the one every text gets by default.
+        self.prompts = dict(prompts or {})
+        self.default_prompt_name = default_prompt_name
+        # Prepended to every text before tokenising, as sentence-transformers' prompt= ("query: ", ...): a prompt
+        # given here, else the named one, else the model's default prompt.
+        self.prompt = self.prompt_of(prompt, prompt_name) or None
 
     @classmethod
     def from_pretrained(cls, path: str | Path | None = None, *, pooling: str | None = None,
@@ -104,8 +107,24 @@ class Embedder:
             pooling=pooling or (info.pooling if info else "mean"),
             normalize=normalize if normalize is not None else bool(info and info.normalize),
             max_length=max_length or (info.max_seq_length if info else None),
+            prompts=info.prompts if info else None, default_prompt_name=info.default_prompt_name if info else None,
             **options,
         )
+
+    def prompt_of(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """The text to prepend, by sentence-transformers' rule: ``prompt`` if given, else the prompt called
+        ``prompt_name``, else the default prompt (None: none)."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InputError(f"prompt must be a string, found {type(prompt).__name__}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise InputError(f"this model defines no prompt named {prompt_name!r}; its prompts: "
+                                 f"{', '.join(f'{k} ({v!r})' for k, v in self.prompts.items()) or 'none'} "
+                                 "(config_sentence_transformers.json), or give the text with --prompt")
+            return self.prompts[prompt_name]
+        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
 
     @property
     def dimension(self) -> int:
@@ -139,7 +158,8 @@ class Embedder:
 
     def encode(self, texts: Sequence[str] | str, *, batch_size: int = MAX_BATCH_SIZE, normalize: bool | None = None,
                convert_to: str = "numpy", progress: Callable[[int], None] | None = None,
-               truncate_dim: int | None = None, lanes: int | None = None) -> np.ndarray | torch.Tensor:
+               truncate_dim: int | None = None, lanes: int | None = None, prompt: str | None = None,
+               prompt_name: str | None = None) -> np.ndarray | torch.Tensor:
         """Embed texts, returned in input order: float32 array (or tensor) of shape (len(texts), dimension).
 
         ``batch_size`` caps the sequences per batch; the token budget sets the batch in tokens.
@@ -155,6 +175,8 @@ class Embedder:
         (``engine.owns_process``: a script or a job, not a server or a notebook), else one; ``lanes=1`` never
         changes it. On 2 CPUs (Intel Xeon, all-MiniLM-L6-v2, 2,000 texts in batches of 32) two lanes ran 1.41x and
         1.13x one lane of two threads in two runs of bench/peers.py (each the median of 3 interleaved rounds).
+        ``prompt`` / ``prompt_name``: for this call, as sentence-transformers' ``encode`` takes them (``prompt_of``);
+        neither: the embedder's prompt.
         """
         single = isinstance(texts, str)
         if single:
@@ -170,7 +192,8 @@ class Embedder:
             check_truncate_dim(truncate_dim, self.model.config.hidden_size)
         out = torch.zeros(len(texts), self.model.config.hidden_size, dtype=torch.float32)
         if len(texts):
-            ids, types, owner = self._tokenize(texts if self.prompt is None else [self.prompt + t for t in texts])
+            chosen = self.prompt if prompt is None and prompt_name is None else self.prompt_of(prompt, prompt_name)
+            ids, types, owner = self._tokenize(texts if not chosen else [chosen + t for t in texts])
             if len(ids) > len(texts):  # a text's windows are averaged, weighted by their token counts
                 pieces = self.encode_tokens(ids, types, batch_size=batch_size, lanes=lanes)
                 rows = torch.from_numpy(owner)
@@ -195,6 +218,19 @@ class Embedder:
         for a caller that tokenises anyway (the server counts tokens and checks lengths before queueing)."""
         return self.engine.pooled(ids, types, pooling=self.pooling, max_batch_size=batch_size, progress=progress,
                                   lanes=lanes)
+
+
+def named_prompt(model: str | Path | None, name: str) -> str:
+    """The text of the prompt ``model`` calls ``name`` (its config_sentence_transformers.json); InputError naming
+    the prompts it has where it has no such one. For commands that hand the text on (files, Ray actors)."""
+    from ..st_format import read_prompts
+
+    prompts, _ = read_prompts(resolve_model(model).root)
+    if name not in prompts:
+        raise InputError(f"the model defines no prompt named {name!r}; its prompts: "
+                         f"{', '.join(f'{k} ({v!r})' for k, v in prompts.items()) or 'none'} "
+                         "(config_sentence_transformers.json), or give the text with --prompt")
+    return prompts[name]
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
