@@ -90,3 +90,21 @@ def test_the_server_takes_prompt_name(prompted_dir, st_model):
     np.testing.assert_allclose(document.json(), st_model.encode(TEXTS, prompt_name="document",
                                                                 normalize_embeddings=True), atol=1e-5)
     assert bad.status_code == 422 and "no prompt named 'nope'" in bad.text
+
+
+def test_eval_retrieval_prompts_equal_sentence_transformers_evaluator(prompted_dir, st_model, tmp_path):
+    from sentence_transformers.evaluation import InformationRetrievalEvaluator
+
+    from encoderkit.embeddings.evaluation import evaluate_retrieval
+
+    queries = {"q1": "what do cats eat", "q2": "capital of france", "q3": "how tall is mount everest"}
+    corpus = {"d1": "Cats are carnivores and eat meat.", "d2": "Paris is the capital of France.",
+              "d3": "Everest is 8,849 metres high.", "d4": "Bananas are yellow.", "d5": "Dogs like to play."}
+    qrels = {"q1": {"d1"}, "q2": {"d2"}, "q3": {"d3"}}
+    evaluator = InformationRetrievalEvaluator(queries, corpus, qrels, query_prompt_name="query",
+                                              corpus_prompt_name="document", name="p")
+    theirs = evaluator(st_model)
+    ours = evaluate_retrieval(Embedder.from_pretrained(prompted_dir), queries, corpus, qrels,
+                              query_prompt_name="query", document_prompt_name="document")
+    assert ours["ndcg@10"] == pytest.approx(theirs["p_cosine_ndcg@10"], abs=1e-6)
+    assert ours["mrr@10"] == pytest.approx(theirs["p_cosine_mrr@10"], abs=1e-6)

@@ -128,9 +128,15 @@ def eval_sts(path: str, model: str | None, dtype: str, device: str, truncate_dim
 @click.option("--rerank", "rerank_model", default=None,
               help="a cross-encoder (encoderkit train-reranker) that re-orders each query's top --candidates")
 @click.option("--candidates", type=int, default=20, show_default=True, help="with --rerank: hits to re-order")
+@click.option("--query-prompt", default=None, help='text put before every query (e.g. "query: ")')
+@click.option("--query-prompt-name", default=None, help="the model's prompt for queries, by name (e.g. query)")
+@click.option("--document-prompt", default=None, help='text put before every document (e.g. "passage: ")')
+@click.option("--document-prompt-name", default=None, help="the model's prompt for documents, by name")
 @json_option()
 def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: str, batch_size: int, dtype: str,
-                   truncate_dim: int | None, rerank_model: str | None, candidates: int, as_json: bool) -> None:
+                   truncate_dim: int | None, rerank_model: str | None, candidates: int, query_prompt: str | None,
+                   query_prompt_name: str | None, document_prompt: str | None, document_prompt_name: str | None,
+                   as_json: bool) -> None:
     """nDCG@10, MRR@10, Recall@1/10/100 and MAP@100 of exact cosine search with MODEL (as sentence-transformers'
     InformationRetrievalEvaluator computes them); with --rerank, of the search reranked by a cross-encoder."""
     from ..embeddings.evaluation import evaluate_retrieval, read_qrels, read_texts_tsv
@@ -144,14 +150,22 @@ def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: 
     qrels = read_qrels(qrels_path, queries=queries, corpus=corpus)
     if candidates < 1:
         raise InputError(f"--candidates must be at least 1, found {candidates}")
+    for text, name, side in ((query_prompt, query_prompt_name, "query"), (document_prompt, document_prompt_name,
+                                                                           "document")):
+        if text is not None and name is not None:
+            raise InputError(f"give --{side}-prompt (the text) or --{side}-prompt-name, not both")
     embedder = Embedder.from_pretrained(None if model == "default" else model, dtype=dtype, truncate_dim=truncate_dim)
+    for name in (query_prompt_name, document_prompt_name):
+        if name is not None:
+            embedder.prompt_of(None, name)  # an unknown name fails here, before any text is embedded
     reranker = None
     if rerank_model is not None:
         from ..tasks.rerank import Reranker
 
         reranker = Reranker.from_pretrained(rerank_model, dtype=dtype)
     metrics = evaluate_retrieval(embedder, queries, corpus, qrels, batch_size=batch_size, reranker=reranker,
-                                 rerank_top=candidates)
+                                 rerank_top=candidates, query_prompt=query_prompt, query_prompt_name=query_prompt_name,
+                                 document_prompt=document_prompt, document_prompt_name=document_prompt_name)
     counts = {"queries": sum(1 for relevant in qrels.values() if any(g > 0 for g in relevant.values())),
               "corpus": len(corpus)}
     if as_json:

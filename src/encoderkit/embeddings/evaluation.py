@@ -206,7 +206,10 @@ def search_top_k(query_vectors: np.ndarray, corpus_vectors: Iterable[np.ndarray]
 def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str, str],
                        qrels: Mapping[str, Mapping[str, float] | Iterable[str]], *,
                        ks: Mapping[str, Iterable[int]] | None = None, batch_size: int = MAX_BATCH_SIZE,
-                       corpus_chunk_size: int = 16384, reranker=None, rerank_top: int = 20) -> dict[str, float]:
+                       corpus_chunk_size: int = 16384, reranker=None, rerank_top: int = 20,
+                       query_prompt: str | None = None, query_prompt_name: str | None = None,
+                       document_prompt: str | None = None, document_prompt_name: str | None = None
+                       ) -> dict[str, float]:
     """Embed queries and corpus (normalised: cosine similarity), search exactly, and score with
     ``retrieval_metrics``. The corpus is embedded and searched ``corpus_chunk_size`` documents at a time.
 
@@ -215,6 +218,9 @@ def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str
     bi-encoder's order.
 
     Only queries with a relevant document in ``qrels`` are embedded and evaluated (as sentence-transformers does).
+    ``query_prompt`` / ``query_prompt_name`` and ``document_prompt`` / ``document_prompt_name``: each side's prompt,
+    as the text or the model's name for it (``Embedder.prompt_of``; neither: the embedder's own), as
+    sentence-transformers' InformationRetrievalEvaluator takes query and corpus prompts.
     """
     ks = _normalise_ks(ks)
     _check_ids(queries, corpus, qrels)
@@ -226,12 +232,14 @@ def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str
         raise DataError("no query has a relevant document in the qrels; nothing to evaluate")
     corpus_ids = list(corpus)
     max_k = max(k for values in ks.values() for k in values)
-    query_vectors = embedder.encode([queries[qid] for qid in query_ids], batch_size=batch_size, normalize=True)
+    query_vectors = embedder.encode([queries[qid] for qid in query_ids], batch_size=batch_size, normalize=True,
+                                    prompt=query_prompt, prompt_name=query_prompt_name)
 
     def corpus_chunks() -> Iterable[np.ndarray]:
         for start in range(0, len(corpus_ids), corpus_chunk_size):
             texts = [corpus[doc] for doc in corpus_ids[start:start + corpus_chunk_size]]
-            yield embedder.encode(texts, batch_size=batch_size, normalize=True)
+            yield embedder.encode(texts, batch_size=batch_size, normalize=True, prompt=document_prompt,
+                                  prompt_name=document_prompt_name)
 
     hits = search_top_k(query_vectors, corpus_chunks(), corpus_ids, max(max_k, rerank_top if reranker else 0))
     rankings = {qid: [doc for doc, _ in found] for qid, found in zip(query_ids, hits)}
