@@ -108,3 +108,26 @@ def test_eval_retrieval_prompts_equal_sentence_transformers_evaluator(prompted_d
                               query_prompt_name="query", document_prompt_name="document")
     assert ours["ndcg@10"] == pytest.approx(theirs["p_cosine_ndcg@10"], abs=1e-6)
     assert ours["mrr@10"] == pytest.approx(theirs["p_cosine_mrr@10"], abs=1e-6)
+
+
+def test_search_with_a_prompt_name_scores_as_the_prompted_query(prompted_dir, tmp_path):
+    docs = ["Cats are carnivores and eat meat.", "Paris is the capital of France.", "Bananas are yellow."]
+    source = tmp_path / "docs.txt"
+    source.write_text("\n".join(docs) + "\n")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["embed", str(source), "--out", str(tmp_path / "d.npy"), "--model", str(prompted_dir),
+                               "--prompt-name", "document"]).exit_code == 0
+    assert runner.invoke(cli, ["index", str(tmp_path / "d.npy"), "--out", str(tmp_path / "index"), "--model",
+                               str(prompted_dir)]).exit_code == 0
+    embedder = Embedder.from_pretrained(prompted_dir)
+    vectors = np.load(tmp_path / "d.npy")
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    for name in ("query", "document"):
+        result = runner.invoke(cli, ["search", str(tmp_path / "index"), "what do cats eat", "--json", "-k", "3",
+                                     "--prompt-name", name])
+        assert result.exit_code == 0, result.output
+        hits = json.loads(result.output)
+        query = embedder.encode(["what do cats eat"], prompt_name=name, normalize=True)[0]
+        expected = vectors @ query
+        for hit in hits:
+            assert hit["score"] == pytest.approx(float(expected[int(hit["id"])]), abs=1e-5)

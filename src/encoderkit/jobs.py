@@ -240,12 +240,14 @@ class _TruncatedSource:
 
 def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | Path | None = None,
                rerank: str | Path | None = None, candidates: int = 20, truncate_dim: int | None = None,
-               nprobe: int | None = None, rescore_multiplier: int | None = None) -> list[dict]:
+               nprobe: int | None = None, rescore_multiplier: int | None = None, prompt: str | None = None,
+               prompt_name: str | None = None) -> list[dict]:
     """The k nearest texts of a saved index. With ``rerank`` (a cross-encoder directory), the index's top
     ``candidates`` are re-scored by the reranker and its top k returned: each hit keeps its retrieval score as
     "retrieval_score", and "score" is the reranker's logit. The query is cut to the truncate dimension the
     index was built with; ``truncate_dim``, if given, must be that one. ``nprobe`` (ivfpq) and
-    ``rescore_multiplier`` (ivfpq, int8, binary) override the values the index was built with."""
+    ``rescore_multiplier`` (ivfpq, int8, binary) override the values the index was built with. ``prompt`` /
+    ``prompt_name``: the query's prompt, as the text or the model's name for it (neither: the model's default)."""
     from .data.readers import iter_records
     from .errors import InputError
     from .tasks.embed import Embedder
@@ -276,7 +278,8 @@ def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | P
     if rerank is not None and candidates < k:
         raise InputError(f"--candidates ({candidates}) must be at least -k ({k}): the reranker reorders the index's "
                          "top candidates")
-    result = index.search(embedder.encode([query]), candidates if rerank is not None else k)
+    result = index.search(embedder.encode([query], prompt=prompt, prompt_name=prompt_name),
+                          candidates if rerank is not None else k)
     hits = [{"rank": rank + 1, "score": float(score), "id": index.ids[row], "row": int(row)}
             for rank, (score, row) in enumerate(zip(result.scores[0], result.indices[0])) if row >= 0]
     texts_path = index.info.get("texts")

@@ -231,14 +231,20 @@ def index(vectors_path: str, out_dir: str, ids_path: str | None, kind: str, metr
 @click.option("--nprobe", type=int, default=None, help="ivfpq: lists scanned (default: the index's)")
 @click.option("--rescore-multiplier", type=int, default=None,
               help="ivfpq/int8/binary: rescore k x N candidates with the float vectors (default: the index's)")
+@click.option("--prompt", default=None, help='text put before the query (e.g. "query: ")')
+@click.option("--prompt-name", default=None, help="the model's prompt for the query, by name (e.g. query)")
 def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool, rerank_model: str | None,
-           candidates: int, truncate_dim: int | None, nprobe: int | None, rescore_multiplier: int | None) -> None:
+           candidates: int, truncate_dim: int | None, nprobe: int | None, rescore_multiplier: int | None,
+           prompt: str | None, prompt_name: str | None) -> None:
     """Find the nearest texts to QUERY in a saved index (optionally reranked by a cross-encoder); the query is
     cut to the dimension the index was built with (index --truncate-dim)."""
     from ..jobs import search_job
 
+    if prompt is not None and prompt_name is not None:
+        raise InputError("give --prompt (the text) or --prompt-name (the model's name for one), not both")
     hits = search_job(index_dir, query, k=k, model=model, rerank=rerank_model, candidates=candidates,
-                      truncate_dim=truncate_dim, nprobe=nprobe, rescore_multiplier=rescore_multiplier)
+                      truncate_dim=truncate_dim, nprobe=nprobe, rescore_multiplier=rescore_multiplier, prompt=prompt,
+                      prompt_name=prompt_name)
     if as_json:
         click.echo(json.dumps(hits, indent=2, ensure_ascii=False))
         return
