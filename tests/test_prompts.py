@@ -131,3 +131,21 @@ def test_search_with_a_prompt_name_scores_as_the_prompted_query(prompted_dir, tm
         expected = vectors @ query
         for hit in hits:
             assert hit["score"] == pytest.approx(float(expected[int(hit["id"])]), abs=1e-5)
+
+
+def test_mining_scores_prompted_anchors_against_prompted_documents(prompted_dir):
+    from encoderkit.embeddings.mining import mine_hard_negatives
+
+    anchors = ["what do cats eat", "capital of france", "how tall is everest"]
+    positives = ["Cats eat meat.", "Paris is the capital of France.", "Everest is 8,849 metres high."]
+    corpus = ["Bananas are yellow.", "Dogs like to play.", "Rome is in Italy.", "Snow is cold."]
+    embedder = Embedder.from_pretrained(prompted_dir)
+    mined = mine_hard_negatives(embedder, anchors, positives, corpus, margin=None, num_negatives=1,
+                                query_prompt_name="query", document_prompt_name="document")
+    assert len(mined.examples) == 3
+    a = embedder.encode(anchors, prompt_name="query", normalize=True)
+    p = embedder.encode(positives, prompt_name="document", normalize=True)
+    assert mined.positive_mean == pytest.approx(float((a * p).sum(axis=1).mean()), abs=1e-5)
+    plain = mine_hard_negatives(embedder, anchors, positives, corpus, margin=None, num_negatives=1,
+                                query_prompt="", document_prompt="")
+    assert plain.positive_mean != pytest.approx(mined.positive_mean, abs=1e-4)  # the prompts did change the vectors

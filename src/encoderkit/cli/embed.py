@@ -269,8 +269,14 @@ def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool,
               help="consider the non-positives ranked up to N (default: range-min + 10 x num-negatives)")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="texts per embedding batch")
 @dtype_option()
+@click.option("--query-prompt", default=None, help='text put before every anchor (e.g. "query: ")')
+@click.option("--query-prompt-name", default=None, help="the model's prompt for the anchors, by name")
+@click.option("--document-prompt", default=None, help="text put before every positive and corpus text")
+@click.option("--document-prompt-name", default=None, help="the model's prompt for positives and corpus, by name")
 def mine_negatives(model_path: str, train_path: str, corpus_path: str | None, out_path: str, num_negatives: int,
-                   margin: float, range_min: int, range_max: int | None, batch_size: int, dtype: str) -> None:
+                   margin: float, range_min: int, range_max: int | None, batch_size: int, dtype: str,
+                   query_prompt: str | None, query_prompt_name: str | None, document_prompt: str | None,
+                   document_prompt_name: str | None) -> None:
     """Mine hard negatives for (anchor, positive) pairs: the nearest non-positives below the positive's score."""
     from ..data.readers import read_texts
     from ..embeddings.data import ANCHOR_POSITIVE, read_training_file, training_format, write_training_file
@@ -282,8 +288,16 @@ def mine_negatives(model_path: str, train_path: str, corpus_path: str | None, ou
     pairs = read_training_file(train_path, shape=ANCHOR_POSITIVE)
     corpus = read_texts(corpus_path, what="--corpus") if corpus_path else None
     embedder = Embedder.from_pretrained(model_path, dtype=dtype)
+    for text, name, side in ((query_prompt, query_prompt_name, "query"), (document_prompt, document_prompt_name,
+                                                                           "document")):
+        if text is not None and name is not None:
+            raise InputError(f"give --{side}-prompt (the text) or --{side}-prompt-name, not both")
+        if name is not None:
+            embedder.prompt_of(None, name)  # an unknown name fails before any text is embedded
     mined = mine_hard_negatives(embedder, [e.anchor for e in pairs.examples], [e.positive for e in pairs.examples],
                                 corpus, margin=margin, range_min=range_min, range_max=range_max,
-                                num_negatives=num_negatives, batch_size=batch_size, show_progress=True)
+                                num_negatives=num_negatives, batch_size=batch_size, show_progress=True,
+                                query_prompt=query_prompt, query_prompt_name=query_prompt_name,
+                                document_prompt=document_prompt, document_prompt_name=document_prompt_name)
     write_training_file(out_path, mined.examples)
     click.echo(f"{mined.summary(num_negatives)} -> {out_path}")

@@ -48,11 +48,14 @@ class MinedNegatives:
         return line
 
 
-def _embed(embedder: Any, texts: list[str], batch_size: int, description: str, show_progress: bool) -> np.ndarray:
+def _embed(embedder: Any, texts: list[str], batch_size: int, description: str, show_progress: bool,
+           prompt: str | None = None, prompt_name: str | None = None) -> np.ndarray:
     from ..progress import Progress
 
+    prompting = {key: value for key, value in (("prompt", prompt), ("prompt_name", prompt_name)) if value is not None}
     with Progress(len(texts), description, "texts", enabled=show_progress) as progress:
-        vectors = embedder.encode(texts, batch_size=batch_size, normalize=True, progress=progress.advance)
+        vectors = embedder.encode(texts, batch_size=batch_size, normalize=True, progress=progress.advance,
+                                  **prompting)
     vectors = np.asarray(vectors, dtype=np.float32)
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
@@ -60,7 +63,10 @@ def _embed(embedder: Any, texts: list[str], batch_size: int, description: str, s
 def mine_hard_negatives(embedder: Any, anchors: Sequence[str], positives: Sequence[str],
                         corpus: Sequence[str] | None = None, *, k: int | None = None, margin: float | None = 0.05,
                         range_min: int = 0, range_max: int | None = None, num_negatives: int = 3,
-                        batch_size: int = 64, query_chunk: int = 1024, show_progress: bool = False) -> MinedNegatives:
+                        batch_size: int = 64, query_chunk: int = 1024, show_progress: bool = False,
+                        query_prompt: str | None = None, query_prompt_name: str | None = None,
+                        document_prompt: str | None = None, document_prompt_name: str | None = None
+                        ) -> MinedNegatives:
     """Mine ``num_negatives`` hard negatives per (anchor, positive) pair (see the module's docstring).
 
     ``embedder``: an ``encoderkit.Embedder`` (or anything with ``encode(texts, batch_size=, normalize=,
@@ -68,6 +74,9 @@ def mine_hard_negatives(embedder: Any, anchors: Sequence[str], positives: Sequen
     ``k``: neighbours retrieved per anchor from the index; by default ``range_max`` plus the most positives
     (and the anchor itself) any anchor has, so that ``range_max`` non-positive candidates remain. The search
     scans ``query_chunk`` anchors at a time against the index's chunks, so memory stays bounded.
+    ``query_prompt`` / ``query_prompt_name`` (the anchors) and ``document_prompt`` / ``document_prompt_name`` (the
+    positives and the corpus): each side's prompt, as the text or the model's name for it (neither: the model's
+    default), as a retrieval model embeds them.
     """
     anchors, positives = list(anchors), list(positives)
     if len(anchors) != len(positives):
@@ -101,8 +110,10 @@ def mine_hard_negatives(embedder: Any, anchors: Sequence[str], positives: Sequen
     if k <= 0:
         raise InputError(f"k must be positive, found {k}")
 
-    corpus_vectors = _embed(embedder, texts, batch_size, "embedding corpus", show_progress)
-    anchor_vectors = _embed(embedder, unique_anchors, batch_size, "embedding anchors", show_progress)
+    corpus_vectors = _embed(embedder, texts, batch_size, "embedding corpus", show_progress, document_prompt,
+                            document_prompt_name)
+    anchor_vectors = _embed(embedder, unique_anchors, batch_size, "embedding anchors", show_progress, query_prompt,
+                            query_prompt_name)
     positive_rows = np.array([text_index[p] for p in positives])
     pair_anchor_rows = np.array([anchor_index[a] for a in anchors])
     pair_scores = np.einsum("ij,ij->i", anchor_vectors[pair_anchor_rows], corpus_vectors[positive_rows])
