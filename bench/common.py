@@ -137,7 +137,8 @@ def _code_state() -> tuple[str, bool | str]:
     (ENCODERKIT_BENCH_COMMIT, and ENCODERKIT_BENCH_DIRTY), which then wins."""
     sent = os.environ.get("ENCODERKIT_BENCH_COMMIT")
     if sent:
-        return sent, os.environ.get("ENCODERKIT_BENCH_DIRTY", "unknown")
+        dirty = os.environ.get("ENCODERKIT_BENCH_DIRTY", "").strip().lower()
+        return sent, {"true": True, "1": True, "false": False, "0": False}.get(dirty, "unknown")
     return _git("rev-parse", "HEAD") or "unknown", bool(_git("status", "--porcelain", "--", "src", "bench"))
 
 

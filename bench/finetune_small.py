@@ -261,12 +261,14 @@ def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> 
         theirs = statistics.fmean(reference[:first])
         allowed = GOALS[task]
         measured = f"{ours:.2f} against {theirs:.2f} ({ours - theirs:+.2f} points, over {min(first, len(reference))} seeds)"
-        if len(reference) > first:
+        met = ours >= theirs - allowed
+        if len(reference) > first:  # more seeds: met only where their mean meets it too
             difference = by_name["encoderkit"]["paired_difference"]
             measured += (f"; over all {len(reference)} seeds {difference['mean']:+.2f} [{difference['low']:+.2f}, "
                          f"{difference['high']:+.2f}]")
+            met = met and difference["mean"] >= -allowed
         goals.append({"goal": f"{task} at {budget:,}: encoderkit's mean at least the Trainer's minus {allowed} points",
-                      "met": ours >= theirs - allowed, "measured": measured})
+                      "met": met, "measured": measured})
     return {"budget": budget, "rows": rows, "goals": goals}
 
 
