@@ -3,7 +3,6 @@ revisions, offline misses and the download path faked; no test reaches the netwo
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest

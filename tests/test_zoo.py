@@ -41,8 +41,8 @@ def test_deberta_v3_sizes_match_the_model_cards(name: str, backbone: float, embe
     assert abs(rest - backbone) / backbone <= 0.03, rest
 
 
-@pytest.mark.parametrize(("name", "task"), [(name, "base") for name in MODERN] + [
-    (name, task) for name in ("modernbert-base", "deberta-v3-base")
+@pytest.mark.parametrize(("name", "task"), [(name, "base") for name in MODERN + ("xlm-roberta-large",)] + [
+    (name, task) for name in ("modernbert-base", "deberta-v3-base", "mpnet-base", "xlm-roberta-base")
     for task in ("masked-lm", "sequence-classification", "token-classification", "question-answering")])
 def test_parameter_counts_equal_transformers(name: str, task: str) -> None:
     """ModernBertModel / DebertaV2Model (and their task models) built on the meta device from the same config."""

@@ -444,6 +444,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "roberta-base": dict(_ROBERTA, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "roberta-large": dict(_ROBERTA, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                           intermediate_size=4096),
+    # XLM-R (Conneau et al., 2020): RoBERTa's shapes over a 250,002-token vocabulary
+    "xlm-roberta-base": dict(_ROBERTA, model_type="xlm-roberta", vocab_size=250002, hidden_size=768,
+                             num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "xlm-roberta-large": dict(_ROBERTA, model_type="xlm-roberta", vocab_size=250002, hidden_size=1024,
+                              num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    # MPNet base (Song et al., 2020), the backbone of all-mpnet-base-v2
+    "mpnet-base": dict(model_type="mpnet", vocab_size=30527, hidden_size=768, num_hidden_layers=12,
+                       num_attention_heads=12, intermediate_size=3072, max_position_embeddings=514,
+                       type_vocab_size=0, pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5,
+                       relative_attention_num_buckets=32),
     "distilbert-base": dict(model_type="distilbert", hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                             intermediate_size=3072, type_vocab_size=0, classifier_dropout=0.2),
     "albert-base": dict(_ALBERT, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
