@@ -178,7 +178,9 @@ def load_served_model(path: str | Path | None, name: str | None = None, *, dtype
     """Load a model directory with the pipelines of every endpoint its head serves."""
     resolved = resolve_model(path)
     name = name or model_name(path, resolved.root)
-    aliases = {str(path)} if path is not None else set()
+    # other names a request may use: a hub id with its revision, and the default model's names; never a path (the
+    # server's files are not request names)
+    aliases = {str(path)} if isinstance(path, str) and HUB_ID.match(path) and not Path(path).exists() else set()
     if name == DEFAULT_MODEL_NAME:
         aliases |= {"default", "sentence-transformers/all-MiniLM-L6-v2"}
     config = EncoderConfig.from_json_file(resolved.weights_dir / "config.json")
