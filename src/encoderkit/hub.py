@@ -19,7 +19,7 @@ from .errors import CheckpointError, ConfigError
 from .st_format import POOLING_MODES, SentenceTransformerInfo, read_sentence_transformer
 
 __all__ = ["DEFAULT_MODEL_NAMES", "POOLING_MODES", "ResolvedModel", "SentenceTransformerInfo", "default_model_path",
-           "hub_cache_dir", "resolve_hub_id", "resolve_model"]
+           "hub_cache_dir", "hub_id", "resolve_hub_id", "resolve_model"]
 
 DEFAULT_MODEL_NAMES = ("default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2")
 
@@ -49,6 +49,13 @@ def default_model_path() -> Path:
 # A hub id: ORG/NAME (letters, digits, '-', '_', '.'), then optionally @REVISION. A bare NAME stays a local path.
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def hub_id(name: str | Path | None) -> re.Match | None:
+    """The ORG/NAME[@REVISION] match of ``name`` where it is a hub id: a string of that shape naming no local path."""
+    if not isinstance(name, str) or Path(name).expanduser().exists():
+        return None
+    return HUB_ID.match(name)
 
 
 def hub_cache_dir() -> Path:
@@ -96,7 +103,7 @@ def resolve_model(path: str | Path | None) -> ResolvedModel:
         root = default_model_path()
     else:
         root = Path(path).expanduser()
-        hub = HUB_ID.match(str(path)) if isinstance(path, str) and not root.exists() else None
+        hub = hub_id(path)
         if hub is not None:
             root = resolve_hub_id(hub["repo"], hub["revision"])
     if not root.exists():

@@ -12,6 +12,7 @@ from .options import (
     json_option,
     max_length_option,
     model_option,
+    one_prompt,
     out_option,
     restart_option,
     top_k_option,
@@ -57,9 +58,8 @@ def embed(input_path: str, out_path: str, model: str | None, dtype: str, device:
           workers: int | None, threads_per_worker: int | None) -> None:
     """Embed records, streamed and resumable: a text/JSONL/CSV file into a float32 .npy (input order) plus ids,
     or with --engine ray, JSONL/Parquet/text shards into Parquet shards on a Ray cluster."""
+    one_prompt(prompt, prompt_name)
     if prompt_name is not None:
-        if prompt is not None:
-            raise InputError("give --prompt (the text) or --prompt-name (the model's name for one), not both")
         from ..tasks.embed import named_prompt
 
         prompt = named_prompt(model, prompt_name)
@@ -150,10 +150,8 @@ def eval_retrieval(model: str, queries_path: str, corpus_path: str, qrels_path: 
     qrels = read_qrels(qrels_path, queries=queries, corpus=corpus)
     if candidates < 1:
         raise InputError(f"--candidates must be at least 1, found {candidates}")
-    for text, name, side in ((query_prompt, query_prompt_name, "query"), (document_prompt, document_prompt_name,
-                                                                           "document")):
-        if text is not None and name is not None:
-            raise InputError(f"give --{side}-prompt (the text) or --{side}-prompt-name, not both")
+    one_prompt(query_prompt, query_prompt_name, "query-prompt")
+    one_prompt(document_prompt, document_prompt_name, "document-prompt")
     embedder = Embedder.from_pretrained(None if model == "default" else model, dtype=dtype, truncate_dim=truncate_dim)
     for name in (query_prompt_name, document_prompt_name):
         if name is not None:
@@ -240,8 +238,7 @@ def search(index_dir: str, query: str, k: int, model: str | None, as_json: bool,
     cut to the dimension the index was built with (index --truncate-dim)."""
     from ..jobs import search_job
 
-    if prompt is not None and prompt_name is not None:
-        raise InputError("give --prompt (the text) or --prompt-name (the model's name for one), not both")
+    one_prompt(prompt, prompt_name)
     hits = search_job(index_dir, query, k=k, model=model, rerank=rerank_model, candidates=candidates,
                       truncate_dim=truncate_dim, nprobe=nprobe, rescore_multiplier=rescore_multiplier, prompt=prompt,
                       prompt_name=prompt_name)
@@ -287,11 +284,10 @@ def mine_negatives(model_path: str, train_path: str, corpus_path: str | None, ou
     training_format(Path(out_path))  # a bad --out extension fails before any work
     pairs = read_training_file(train_path, shape=ANCHOR_POSITIVE)
     corpus = read_texts(corpus_path, what="--corpus") if corpus_path else None
+    one_prompt(query_prompt, query_prompt_name, "query-prompt")
+    one_prompt(document_prompt, document_prompt_name, "document-prompt")
     embedder = Embedder.from_pretrained(model_path, dtype=dtype)
-    for text, name, side in ((query_prompt, query_prompt_name, "query"), (document_prompt, document_prompt_name,
-                                                                           "document")):
-        if text is not None and name is not None:
-            raise InputError(f"give --{side}-prompt (the text) or --{side}-prompt-name, not both")
+    for name in (query_prompt_name, document_prompt_name):
         if name is not None:
             embedder.prompt_of(None, name)  # an unknown name fails before any text is embedded
     mined = mine_hard_negatives(embedder, [e.anchor for e in pairs.examples], [e.positive for e in pairs.examples],

@@ -55,6 +55,14 @@ def model_option(help: str = MODEL_HELP) -> Decorator:
     return decorate
 
 
+def one_prompt(text: str | None, name: str | None, option: str = "prompt") -> None:
+    """--OPTION (the text) and --OPTION-name (the model's name for one) exclude each other."""
+    if text is not None and name is not None:
+        from ..errors import InputError
+
+        raise InputError(f"give --{option} (the text) or --{option}-name (the model's name for one), not both")
+
+
 def seed_option(default: int = 0, *, help: str | None = None) -> Decorator:
     return click.option("--seed", type=int, default=default, show_default=True, help=help)
 

@@ -222,6 +222,8 @@ def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str
     as the text or the model's name for it (``Embedder.prompt_of``; neither: the embedder's own), as
     sentence-transformers' InformationRetrievalEvaluator takes query and corpus prompts.
     """
+    from ..tasks.embed import prompt_options
+
     ks = _normalise_ks(ks)
     _check_ids(queries, corpus, qrels)
     if corpus_chunk_size <= 0:
@@ -232,17 +234,14 @@ def evaluate_retrieval(embedder, queries: Mapping[str, str], corpus: Mapping[str
         raise DataError("no query has a relevant document in the qrels; nothing to evaluate")
     corpus_ids = list(corpus)
     max_k = max(k for values in ks.values() for k in values)
-    def prompting(prompt: str | None, name: str | None) -> dict[str, str]:  # only what is set: duck-typed embedders
-        return {key: value for key, value in (("prompt", prompt), ("prompt_name", name)) if value is not None}
-
     query_vectors = embedder.encode([queries[qid] for qid in query_ids], batch_size=batch_size, normalize=True,
-                                    **prompting(query_prompt, query_prompt_name))
+                                    **prompt_options(query_prompt, query_prompt_name))
 
     def corpus_chunks() -> Iterable[np.ndarray]:
         for start in range(0, len(corpus_ids), corpus_chunk_size):
             texts = [corpus[doc] for doc in corpus_ids[start:start + corpus_chunk_size]]
             yield embedder.encode(texts, batch_size=batch_size, normalize=True,
-                                  **prompting(document_prompt, document_prompt_name))
+                                  **prompt_options(document_prompt, document_prompt_name))
 
     hits = search_top_k(query_vectors, corpus_chunks(), corpus_ids, max(max_k, rerank_top if reranker else 0))
     rankings = {qid: [doc for doc, _ in found] for qid, found in zip(query_ids, hits)}

@@ -52,10 +52,11 @@ def _embed(embedder: Any, texts: list[str], batch_size: int, description: str, s
            prompt: str | None = None, prompt_name: str | None = None) -> np.ndarray:
     from ..progress import Progress
 
-    prompting = {key: value for key, value in (("prompt", prompt), ("prompt_name", prompt_name)) if value is not None}
+    from ..tasks.embed import prompt_options
+
     with Progress(len(texts), description, "texts", enabled=show_progress) as progress:
         vectors = embedder.encode(texts, batch_size=batch_size, normalize=True, progress=progress.advance,
-                                  **prompting)
+                                  **prompt_options(prompt, prompt_name))
     vectors = np.asarray(vectors, dtype=np.float32)
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ..config import EncoderConfig
 from ..errors import CheckpointError, InputError
-from ..hub import DEFAULT_MODEL_NAMES, HUB_ID, default_model_path, resolve_model
+from ..hub import DEFAULT_MODEL_NAMES, default_model_path, hub_id, resolve_model
 from ..modeling.models import task_from_architectures
 from ..threads import on_compute_thread
 from ..tokenizer import Tokenizer
@@ -162,7 +162,7 @@ def model_name(path: str | Path | None, resolved_root: Path) -> str:
     """The name a model is served under when none is given: the default model's, or its directory's name."""
     if path is None or str(path).lower() in DEFAULT_MODEL_NAMES:
         return DEFAULT_MODEL_NAME
-    hub = HUB_ID.match(str(path)) if not Path(str(path)).expanduser().exists() else None
+    hub = hub_id(path)
     if hub is not None:  # a hub id: served under it, without the revision
         return hub["repo"]
     try:
@@ -180,7 +180,7 @@ def load_served_model(path: str | Path | None, name: str | None = None, *, dtype
     name = name or model_name(path, resolved.root)
     # other names a request may use: a hub id with its revision, and the default model's names; never a path (the
     # server's files are not request names)
-    aliases = {str(path)} if isinstance(path, str) and HUB_ID.match(path) and not Path(path).exists() else set()
+    aliases = {str(path)} if hub_id(path) else set()
     if name == DEFAULT_MODEL_NAME:
         aliases |= {"default", "sentence-transformers/all-MiniLM-L6-v2"}
     config = EncoderConfig.from_json_file(resolved.weights_dir / "config.json")

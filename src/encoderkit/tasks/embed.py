@@ -119,11 +119,7 @@ class Embedder:
                 raise InputError(f"prompt must be a string, found {type(prompt).__name__}")
             return prompt
         if prompt_name is not None:
-            if prompt_name not in self.prompts:
-                raise InputError(f"this model defines no prompt named {prompt_name!r}; its prompts: "
-                                 f"{', '.join(f'{k} ({v!r})' for k, v in self.prompts.items()) or 'none'} "
-                                 "(config_sentence_transformers.json), or give the text with --prompt")
-            return self.prompts[prompt_name]
+            return pick_prompt(self.prompts, prompt_name)
         return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
 
     @property
@@ -220,17 +216,27 @@ class Embedder:
                                   lanes=lanes)
 
 
-def named_prompt(model: str | Path | None, name: str) -> str:
-    """The text of the prompt ``model`` calls ``name`` (its config_sentence_transformers.json); InputError naming
-    the prompts it has where it has no such one. For commands that hand the text on (files, Ray actors)."""
-    from ..st_format import read_prompts
-
-    prompts, _ = read_prompts(resolve_model(model).root)
+def pick_prompt(prompts: dict[str, str], name: str) -> str:
+    """The text of the prompt called ``name``; InputError listing the model's prompts where there is none."""
     if name not in prompts:
-        raise InputError(f"the model defines no prompt named {name!r}; its prompts: "
+        raise InputError(f"this model defines no prompt named {name!r}; its prompts: "
                          f"{', '.join(f'{k} ({v!r})' for k, v in prompts.items()) or 'none'} "
                          "(config_sentence_transformers.json), or give the text with --prompt")
     return prompts[name]
+
+
+def prompt_options(prompt: str | None, prompt_name: str | None) -> dict[str, str]:
+    """The ``encode`` keywords for a prompt given as text or name, only those set: callers that take any object
+    with an ``encode`` (evaluators, mining) keep working with ones that know no prompts."""
+    return {key: value for key, value in (("prompt", prompt), ("prompt_name", prompt_name)) if value is not None}
+
+
+def named_prompt(model: str | Path | None, name: str) -> str:
+    """The text of the prompt ``model`` calls ``name`` (its config_sentence_transformers.json), for commands that
+    hand the text on (files, Ray actors)."""
+    from ..st_format import read_prompts
+
+    return pick_prompt(read_prompts(resolve_model(model).root)[0], name)
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
