@@ -17,6 +17,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "onnx": ("the ONNX writer and ONNX Runtime", ("onnx", "onnxruntime")),
     "ray": ("Ray Data's actor pools", ("ray",)),
     "ann": ("the FAISS indexes and Parquet shards", ("faiss", "pyarrow")),
+    "bm25": ("the BM25 index (bm25s)", ("bm25s",)),
 }
 
 
