@@ -242,15 +242,54 @@ def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | P
                rerank: str | Path | None = None, candidates: int = 20, truncate_dim: int | None = None,
                nprobe: int | None = None, rescore_multiplier: int | None = None, prompt: str | None = None,
                prompt_name: str | None = None) -> list[dict]:
-    """The k nearest texts of a saved index. With ``rerank`` (a cross-encoder directory), the index's top
-    ``candidates`` are re-scored by the reranker and its top k returned: each hit keeps its retrieval score as
-    "retrieval_score", and "score" is the reranker's logit. The query is cut to the truncate dimension the
-    index was built with; ``truncate_dim``, if given, must be that one. ``nprobe`` (ivfpq) and
-    ``rescore_multiplier`` (ivfpq, int8, binary) override the values the index was built with. ``prompt`` /
-    ``prompt_name``: the query's prompt, as the text or the model's name for it (neither: the model's default)."""
+    """The k nearest texts of a saved index of any kind (dense, bm25, sparse, multi-vector, hybrid). With
+    ``rerank`` (a cross-encoder directory), the index's top ``candidates`` are re-scored by the reranker and its
+    top k returned: each hit keeps its retrieval score as "retrieval_score", and "score" is the reranker's logit.
+    Dense indexes: the query is cut to the truncate dimension the index was built with; ``truncate_dim``, if
+    given, must be that one. ``nprobe`` (ivfpq, multi-vector) and ``rescore_multiplier`` (ivfpq, int8, binary)
+    override the values the index was built with. ``prompt`` / ``prompt_name``: the query's prompt for a dense
+    model, as the text or the model's name for it (neither: the model's default). The other kinds encode the
+    query with the model they record; a different ``model`` is refused."""
     from .data.readers import iter_records
     from .errors import InputError
-    from .tasks.embed import Embedder
+    from .retrieval.base import RETRIEVAL_KINDS, read_meta
+
+    if rerank is not None and candidates < k:
+        raise InputError(f"--candidates ({candidates}) must be at least -k ({k}): the reranker reorders the index's "
+                         "top candidates")
+    fetch = candidates if rerank is not None else k
+    if read_meta(index_dir)["kind"] in RETRIEVAL_KINDS:
+        index, result = _search_retrieval_index(index_dir, query, fetch, model=model, truncate_dim=truncate_dim,
+                                                nprobe=nprobe, rescore_multiplier=rescore_multiplier, prompt=prompt,
+                                                prompt_name=prompt_name)
+    else:
+        index, result = _search_dense_index(index_dir, query, fetch, model=model, truncate_dim=truncate_dim,
+                                            nprobe=nprobe, rescore_multiplier=rescore_multiplier, prompt=prompt,
+                                            prompt_name=prompt_name)
+    hits = [{"rank": rank + 1, "score": float(score), "id": index.ids[row], "row": int(row)}
+            for rank, (score, row) in enumerate(zip(result.scores[0], result.indices[0])) if row >= 0]
+    texts_path = index.info.get("texts")
+    if texts_path and Path(texts_path).is_file():  # one streamed pass to fetch the k texts
+        wanted = {hit["row"]: hit for hit in hits}
+        for row, record in enumerate(iter_records(texts_path, fmt=index.info.get("texts_format"),
+                                                  text_field=index.info.get("text_field"), field_option=None)):
+            if row in wanted:
+                wanted[row]["text"] = record.text
+    if rerank is None:
+        return hits
+    if any("text" not in hit for hit in hits):
+        raise InputError(f"reranking needs the indexed texts, and {index_dir} has none: build the index with --texts")
+    from .tasks.rerank import Reranker
+
+    ranked = Reranker.from_pretrained(rerank).rank(query, [hit["text"] for hit in hits], top_k=k)
+    return [{**hits[entry["index"]], "rank": rank + 1, "retrieval_score": hits[entry["index"]]["score"],
+             "score": entry["score"]} for rank, entry in enumerate(ranked)]
+
+
+def _search_dense_index(index_dir: str | Path, query: str, fetch: int, *, model: str | Path | None,
+                        truncate_dim: int | None, nprobe: int | None, rescore_multiplier: int | None,
+                        prompt: str | None, prompt_name: str | None):
+    from .errors import InputError
     from .tasks.search import VectorIndex
 
     index = VectorIndex.load(index_dir)
@@ -258,9 +297,18 @@ def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | P
         if value is not None:
             if not hasattr(index, name) or (name == "nprobe" and index.kind != "ivfpq"):
                 raise InputError(f"--{name.replace('_', '-')} applies to "
-                                 f"{'ivfpq' if name == 'nprobe' else 'ivfpq, int8 and binary'} indexes; "
-                                 f"{index_dir} is {index.kind}")
+                                 f"{'ivfpq and multi-vector' if name == 'nprobe' else 'ivfpq, int8 and binary'} "
+                                 f"indexes; {index_dir} is {index.kind}")
             setattr(index, name, value)
+    embedder = _dense_query_embedder(index, index_dir, model, truncate_dim)
+    return index, index.search(embedder.encode([query], prompt=prompt, prompt_name=prompt_name), fetch)
+
+
+def _dense_query_embedder(index: Any, index_dir: str | Path, model: str | Path | None, truncate_dim: int | None):
+    """The Embedder of a dense index's queries: its recorded model (or ``model``), cut to its truncate dimension."""
+    from .errors import InputError
+    from .tasks.embed import Embedder
+
     built_with = index.info.get("truncate_dim")
     if truncate_dim is not None and truncate_dim != built_with:
         how = f"built with --truncate-dim {built_with}" if built_with else "built without --truncate-dim"
@@ -275,25 +323,72 @@ def search_job(index_dir: str | Path, query: str, *, k: int = 10, model: str | P
     if embedder.dimension != index.dimension:
         raise InputError(f"the model gives {embedder.dimension}-dim vectors but the index holds "
                          f"{index.dimension}-dim ones; pass the model the index was built with (--model)")
-    if rerank is not None and candidates < k:
-        raise InputError(f"--candidates ({candidates}) must be at least -k ({k}): the reranker reorders the index's "
-                         "top candidates")
-    result = index.search(embedder.encode([query], prompt=prompt, prompt_name=prompt_name),
-                          candidates if rerank is not None else k)
-    hits = [{"rank": rank + 1, "score": float(score), "id": index.ids[row], "row": int(row)}
-            for rank, (score, row) in enumerate(zip(result.scores[0], result.indices[0])) if row >= 0]
-    texts_path = index.info.get("texts")
-    if texts_path and Path(texts_path).is_file():  # one streamed pass to fetch the k texts
-        wanted = {hit["row"]: hit for hit in hits}
-        for row, record in enumerate(iter_records(texts_path, field_option=None)):
-            if row in wanted:
-                wanted[row]["text"] = record.text
-    if rerank is None:
-        return hits
-    if any("text" not in hit for hit in hits):
-        raise InputError(f"reranking needs the indexed texts, and {index_dir} has none: build the index with --texts")
-    from .tasks.rerank import Reranker
+    return embedder
 
-    ranked = Reranker.from_pretrained(rerank).rank(query, [hit["text"] for hit in hits], top_k=k)
-    return [{**hits[entry["index"]], "rank": rank + 1, "retrieval_score": hits[entry["index"]]["score"],
-             "score": entry["score"]} for rank, entry in enumerate(ranked)]
+
+def _search_retrieval_index(index_dir: str | Path, query: str, fetch: int, *, model: str | Path | None,
+                            truncate_dim: int | None, nprobe: int | None, rescore_multiplier: int | None,
+                            prompt: str | None, prompt_name: str | None):
+    """search_job for the bm25, sparse, multi-vector and hybrid kinds: the query encoded by the recorded model(s)."""
+    from .errors import InputError
+    from .retrieval.base import check_model, load_index
+    from .retrieval.texts import encode_queries, model_root
+
+    index = load_index(index_dir)
+    kind = index.kind
+    for option, value, applies in (("--nprobe", nprobe, ("multi-vector",)), ("--truncate-dim", truncate_dim, ()),
+                                   ("--rescore-multiplier", rescore_multiplier, ()),
+                                   ("--prompt", prompt, ("hybrid",)), ("--prompt-name", prompt_name, ("hybrid",))):
+        if value is not None and kind not in applies:
+            raise InputError(f"{option} does not apply to a {kind} index ({index_dir})")
+    if nprobe is not None:
+        if nprobe < 1:
+            raise InputError(f"--nprobe must be at least 1, found {nprobe}")
+        index.settings.nprobe = nprobe
+    if model is not None:
+        if kind in ("bm25", "hybrid"):
+            why = "BM25 scores the texts themselves" if kind == "bm25" else "each part encodes with the model it records"
+            raise InputError(f"--model does not apply to a {kind} index ({why}); leave it out")
+        check_model(index.info.get("model"), model_root(model), where=str(index_dir))
+    queries = encode_queries(index, [query], prompt=prompt, prompt_name=prompt_name,
+                             dense_embedder=lambda part: _dense_query_embedder(part, index_dir, None, None))
+    return index, index.search(queries, fetch)
+
+
+def build_retrieval_index_job(kind: str, input_path: str | Path | None, out_dir: str | Path, *,
+                              model: str | Path | None = None, fmt: str | None = None, text_field: str | None = None,
+                              id_field: str | None = None, parts: dict[str, str] | None = None,
+                              show_progress: bool = True, **settings: Any):
+    """`encoderkit index --kind bm25|sparse|multi-vector|hybrid`. bm25, sparse, multi-vector: from a file of texts
+    (text, JSONL, CSV, TSV; ids from ``id_field`` or the record numbers), encoded by ``model`` for sparse and
+    multi-vector; hybrid: from saved indexes of the same documents (``parts``: name -> directory), copied into
+    ``out_dir``/parts. ``settings``: the kind's (BM25Index, SparseIndexBuilder, MultiVectorSettings, HybridIndex)."""
+    from .data.readers import iter_records
+    from .errors import DataError, InputError
+    from .retrieval.base import load_index
+    from .retrieval.hybrid import HybridIndex
+    from .retrieval.texts import build_from_texts
+
+    if kind == "hybrid":
+        if input_path is not None or model is not None or text_field or id_field:
+            raise InputError("a hybrid index is built from saved indexes (--part NAME=DIR); INPUT, --model, "
+                             "--text-field and --id-field belong to its parts' builds")
+        if not parts or len(parts) < 2:
+            raise InputError("--kind hybrid needs two or more --part NAME=DIR: saved indexes of the same documents "
+                             "(e.g. a dense one and a bm25 one)")
+        loaded = {name: load_index(directory) for name, directory in parts.items()}
+        source = next((part.info for part in loaded.values() if part.info.get("texts")), {})
+        info = {key: source[key] for key in ("texts", "texts_format", "text_field") if key in source}
+        hybrid = HybridIndex(loaded, info=info, **settings)
+        hybrid.save(out_dir)
+        return hybrid
+    if parts:
+        raise InputError("--part is for --kind hybrid")
+    if input_path is None:
+        raise InputError(f"--kind {kind} needs INPUT: a file of texts (one per line, or JSONL/CSV/TSV)")
+    if not Path(input_path).is_file():
+        raise DataError(f"texts file not found: {input_path}")
+    records = iter_records(input_path, fmt=fmt, text_field=text_field, id_field=id_field)
+    info = {"texts": str(Path(input_path).resolve()),
+            **{key: value for key, value in (("texts_format", fmt), ("text_field", text_field)) if value}}
+    return build_from_texts(kind, records, out_dir, model=model, info=info, show_progress=show_progress, **settings)
