@@ -268,3 +268,53 @@ def test_bad_input_is_refused_with_what_to_do(saved, plain_dir, tmp_path) -> Non
     batch["input_ids"][0, 1] = 5
     with pytest.raises(InputError, match="cannot tell queries from documents .* pass is_query"):
         model(**batch)
+
+
+def _gathered_worker(rank: int, results: str) -> None:
+    """One of two processes: its half of the batch (process 1's positives one token narrower), texts repeated
+    across the halves; rank 0 saves the mean loss and each process's input gradients."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{results}.rendezvous", rank=rank, world_size=2)
+    rows = slice(rank * 4, rank * 4 + 4)
+    local = []
+    for index, (vectors, mask) in enumerate(_random_columns(torch.Generator().manual_seed(2), 8, [5, 4, 7])):
+        width = 3 if index == 1 and rank == 1 else vectors.shape[1]
+        local.append((vectors[rows, :width].clone().requires_grad_(), mask[rows, :width]))
+    loss = MaxSimMultipleNegativesRankingLoss(gather_across_processes=True)(*local, duplicates=GATHER_IDS[:, rows])
+    loss.backward()
+    mean = loss.detach().reshape(1).clone()
+    dist.all_reduce(mean)
+    gradients = [None, None]
+    dist.all_gather_object(gradients, [vectors.grad for vectors, _ in local])
+    if rank == 0:
+        torch.save((float(mean) / 2, gradients), results)
+    dist.destroy_process_group()
+
+
+GATHER_IDS = text_ids([[f"q{i % 5}" for i in range(8)], [f"p{i % 6}" for i in range(8)], [f"n{i}" for i in range(8)]])
+
+
+@pytest.mark.slow
+def test_gathered_loss_equals_one_process(tmp_path) -> None:
+    """Two processes (gloo): the mean of their losses is the loss of the whole batch in one process, and their
+    input gradients, divided by the world size as DDP does, are its gradients."""
+    results = tmp_path / "ranks.pt"
+    torch.multiprocessing.spawn(_gathered_worker, args=(str(results),), nprocs=2)
+    mean, gradients = torch.load(results, weights_only=False)
+    columns = _random_columns(torch.Generator().manual_seed(2), 8, [5, 4, 7])
+    vectors, mask = columns[1]
+    mask = mask.clone()
+    mask[4:, 3:] = False  # process 1's positives end after 3 tokens
+    columns[1] = (vectors * mask[..., None], mask)
+    leaves = [(v.clone().requires_grad_(), m) for v, m in columns]
+    reference = MaxSimMultipleNegativesRankingLoss()(*leaves, duplicates=GATHER_IDS)
+    reference.backward()
+    assert abs(mean - float(reference)) < 1e-5
+    for rank in range(2):
+        for (leaf, _), got in zip(leaves, gradients[rank]):
+            want = leaf.grad[rank * 4:rank * 4 + 4, :got.shape[1]]
+            assert float((got / 2 - want).abs().max()) < 1e-5
+    alone = MaxSimMultipleNegativesRankingLoss()(*[(v[:4], m[:4]) for v, m in columns], duplicates=GATHER_IDS[:, :4])
+    assert abs(float(alone) - float(reference)) > 1e-2
