@@ -172,6 +172,80 @@ def write_sentence_transformer(directory: str | Path, *, pooling: str, normalize
     return directory
 
 
+# ----- sentence-transformers' SparseEncoder (SPLADE): the MLM model at the top level, then SpladePooling
+SPLADE_POOLING_DIR = "1_SpladePooling"
+_SPARSE_MODULE_TYPE = "sentence_transformers.sparse_encoder.models.{}"  # the names sentence-transformers 5 writes
+_SPARSE_UNSUPPORTED = ("SparseStaticEmbedding", "Router", "SparseAutoEncoder", "Asym", "Dense")
+
+
+@dataclass(frozen=True)
+class SparseEncoderInfo:
+    """What a SparseEncoder directory says about turning MLM logits into one sparse vector."""
+
+    pooling: str = "max"
+    activation: str = "relu"
+    max_seq_length: int | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+
+def is_sparse_encoder(root: Path) -> bool:
+    """Whether ``root``'s modules.json describes a SparseEncoder (a SpladePooling module)."""
+    path = root / "modules.json"
+    if not path.is_file():
+        return False
+    modules = _read_json(path)
+    return isinstance(modules, list) and any(str(m.get("type", "")).endswith(".SpladePooling") for m in modules)
+
+
+def read_sparse_encoder(root: Path) -> SparseEncoderInfo:
+    """The SPLADE settings of a SparseEncoder directory (sentence-transformers 5's or 6's files). Modules encoderkit
+    does not run (inference-free query encoders, CSR autoencoders) are a ConfigError naming them."""
+    modules = _read_json(root / "modules.json")
+    if not isinstance(modules, list):
+        raise ConfigError(f"{root / 'modules.json'} must be a list of modules")
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    unsupported = [kind for kind in kinds if kind in _SPARSE_UNSUPPORTED]
+    if unsupported or "SpladePooling" not in kinds:
+        raise ConfigError(f"{root}: encoderkit runs SparseEncoders of an MLM transformer and SpladePooling; this one "
+                          f"has {', '.join(kinds)}")
+    pooling, activation, max_seq_length = "max", "relu", None
+    for module, kind in zip(modules, kinds):
+        module_dir = root / module.get("path", "")
+        if kind == "SpladePooling":
+            config = _read_json(module_dir / "config.json") if (module_dir / "config.json").is_file() else {}
+            pooling = config.get("pooling_strategy", pooling)
+            activation = config.get("activation_function", activation)
+        elif kind in ("MLMTransformer", "Transformer"):
+            bert_config = module_dir / "sentence_bert_config.json"
+            if bert_config.is_file():
+                max_seq_length = _read_json(bert_config).get("max_seq_length")
+    prompts, default_prompt_name = read_prompts(root)
+    return SparseEncoderInfo(pooling, activation, max_seq_length, prompts, default_prompt_name)
+
+
+def write_sparse_encoder(directory: str | Path, *, pooling: str, activation: str, max_seq_length: int,
+                         prompts: dict[str, str] | None = None, default_prompt_name: str | None = None) -> Path:
+    """Make an HF masked-LM directory (written by ``save_pretrained``) a sentence-transformers SparseEncoder one:
+    modules.json (MLMTransformer, SpladePooling), their settings, and config_sentence_transformers.json (dot
+    product similarity, the SparseEncoder's)."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(f"{directory} has no config.json: save the MLM model there first")
+    _write_json(directory / "modules.json", [
+        {"idx": index, "name": str(index), "path": path, "type": _SPARSE_MODULE_TYPE.format(kind)}
+        for index, (kind, path) in enumerate((("MLMTransformer", ""), ("SpladePooling", SPLADE_POOLING_DIR)))])
+    _write_json(directory / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    (directory / SPLADE_POOLING_DIR).mkdir(exist_ok=True)
+    _write_json(directory / SPLADE_POOLING_DIR / "config.json",
+                {"pooling_strategy": pooling, "activation_function": activation, "word_embedding_dimension": None})
+    _write_json(directory / "config_sentence_transformers.json", {
+        "__version__": _versions(), "default_prompt_name": default_prompt_name, "model_type": "SparseEncoder",
+        "prompts": dict(prompts or {}), "similarity_fn_name": "dot",
+    }, sort_keys=True)
+    return directory
+
+
 def _versions() -> dict[str, str]:
     """The writer's versions. No "sentence_transformers" entry: it did not write the files, and a version
     there newer than the reader's own makes sentence-transformers warn."""

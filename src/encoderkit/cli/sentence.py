@@ -6,7 +6,8 @@ import click
 from ..errors import InputError
 from .options import max_length_option, model_option, out_option, restart_option, seed_option
 
-LOSS_HELP = "mnrl | cached-mnrl | cosent | cosine | softmax | triplet"
+LOSS_HELP = ("dense: mnrl (default) | cached-mnrl | cosent | cosine | softmax | triplet; "
+             "sparse: splade (default)")
 
 
 def parse_dims(text: str | None) -> list[int] | None:
@@ -26,7 +27,17 @@ def parse_dims(text: str | None) -> list[int] | None:
 @model_option("the model to fine-tune: a directory or name (default: the default model)")
 @click.option("--train", "train_file", required=True, help="TSV/CSV/JSONL: anchor,positive[,negative...] | "
               "sentence1,sentence2,score | premise,hypothesis,label")
-@click.option("--loss", default="mnrl", show_default=True, help=LOSS_HELP)
+@click.option("--kind", type=click.Choice(["dense", "sparse"]), default="dense", show_default=True,
+              help="dense: one vector (pooled); sparse: SPLADE term weights from the MLM head (the model needs one)")
+@click.option("--loss", default=None, help=LOSS_HELP)
+@click.option("--query-regularizer-weight", type=float, default=5e-5, show_default=True,
+              help="splade: weight of the queries' FLOPS regulariser (higher: sparser query vectors)")
+@click.option("--document-regularizer-weight", type=float, default=3e-5, show_default=True,
+              help="splade: weight of the documents' FLOPS regulariser")
+@click.option("--query-prompt", default=None, help='text put before every anchor while training (e.g. "query: "), '
+              'saved as the model\'s "query" prompt')
+@click.option("--document-prompt", default=None, help="text put before the other columns while training, saved as "
+              'the model\'s "document" prompt')
 @click.option("--matryoshka", default=None, help="Matryoshka dimensions, e.g. 384,256,128,64")
 @click.option("--valid", default=None, help="validation file: scored pairs (Spearman), anchor/positive pairs "
               "(nDCG@10 over the positives) or triplets (accuracy); the best checkpoint is kept in best/")
@@ -43,16 +54,22 @@ def parse_dims(text: str | None) -> list[int] | None:
 @seed_option(42)
 @max_length_option()
 @restart_option("ignore the checkpoints of an interrupted run in --out")
-def train_embedder_cmd(model: str | None, train_file: str, loss: str, matryoshka: str | None, valid: str | None,
+def train_embedder_cmd(model: str | None, train_file: str, kind: str, loss: str | None,
+                       query_regularizer_weight: float, document_regularizer_weight: float,
+                       query_prompt: str | None, document_prompt: str | None, matryoshka: str | None, valid: str | None,
                        epochs: float, batch_size: int, mini_batch_size: int, lr: float, warmup_ratio: float,
                        eval_every: int, save_every: int, device: str, out_dir: str, seed: int,
                        max_length: int | None, restart: bool) -> None:
-    """Fine-tune a model into a sentence embedder with an SBERT loss."""
+    """Fine-tune a model into a sentence embedder with an SBERT loss (--kind sparse: a SPLADE encoder)."""
     import sys
 
-    from ..training.sentence import EmbedderRecipe, train_embedder
+    from ..training.sentence import KIND_LOSSES, EmbedderRecipe, train_embedder
 
-    recipe = EmbedderRecipe(loss=loss, epochs=epochs, batch_size=batch_size, learning_rate=lr, warmup_ratio=warmup_ratio,
+    recipe = EmbedderRecipe(loss=loss or KIND_LOSSES[kind][0], kind=kind,
+                            query_regularizer_weight=query_regularizer_weight,
+                            document_regularizer_weight=document_regularizer_weight, query_prompt=query_prompt,
+                            document_prompt=document_prompt, epochs=epochs, batch_size=batch_size, learning_rate=lr,
+                            warmup_ratio=warmup_ratio,
                             matryoshka_dims=parse_dims(matryoshka), valid=valid, seed=seed, max_length=max_length,
                             mini_batch_size=mini_batch_size, eval_every=eval_every, save_every=save_every,
                             device=device, show_progress=sys.stderr.isatty())

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..checkpoints import load_extra_state, load_state, read_state_dict, write_checkpoint
 from ..config import EncoderConfig
-from ..errors import ConfigError, InputError
+from ..errors import CheckpointError, ConfigError, InputError
 from .embeddings import init_weights
 from .encoder import EncoderModel, EncoderOutput
 from .crf import CRF, word_emissions
@@ -436,6 +436,7 @@ def load_model(
     config: EncoderConfig | None = None,
     new_head_expected: bool = False,
     new_head_seed: int | None = None,
+    head_required: str | None = None,
 ) -> nn.Module:
     """Load an HF-format model directory (or a sentence-transformers one) into encoderkit's model code.
 
@@ -444,7 +445,9 @@ def load_model(
     ``new_head_expected`` (fine-tuning): a head missing from the checkpoint is noted at INFO, not warned about.
     ``new_head_seed``: the tensors the checkpoint lacks (a new head) are initialised after ``torch.manual_seed`` of
     it, as the first draws, as transformers initialises missing weights after loading. Drawn before loading, the
-    head's weights would be whatever followed the encoder's millions of draws: a function of the encoder's size."""
+    head's weights would be whatever followed the encoder's millions of draws: a function of the encoder's size.
+    ``head_required``: what needs the head (e.g. "a SPLADE encoder"); a head the checkpoint lacks is then a
+    CheckpointError saying so, where it is otherwise initialised anew with a warning."""
     from ..hub import resolve_model
 
     resolved = resolve_model(path)
@@ -456,7 +459,12 @@ def load_model(
         task = task_from_architectures(config)
     model = build_model(config, task)
     state = read_state_dict(resolved.weights_dir, allow_pickle=allow_pickle)
-    fresh = load_state(model, state, source=str(resolved.weights_dir), new_head_expected=new_head_expected)
+    fresh = load_state(model, state, source=str(resolved.weights_dir),
+                       new_head_expected=new_head_expected or head_required is not None)
+    head_missing = [name for name in fresh if ".pooler." not in f".{name}"]
+    if head_required is not None and head_missing:
+        raise CheckpointError(f"{resolved.weights_dir} has no trained {task} head ({', '.join(head_missing[:4])}"
+                              f"{' ...' if len(head_missing) > 4 else ''} missing), which {head_required} needs")
     load_extra_state(model, resolved.weights_dir, new_head_expected)
     if new_head_seed is not None and fresh:
         torch.manual_seed(new_head_seed)

@@ -52,9 +52,13 @@ from .trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-LOSSES = ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet")
+LOSSES = ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet", "splade")
 LOSS_HEAD_FILE = "loss_head.pt"
-GATHERING_LOSSES = ("mnrl", "cached-mnrl", "cosent")  # their value depends on the other examples of the batch
+GATHERING_LOSSES = ("mnrl", "cached-mnrl", "cosent", "splade")  # their value depends on the other examples of the batch
+# What train-embedder trains: one dense vector (SentenceModel), SPLADE sparse vectors (SparseModel); and the losses
+# each kind takes (the first is its default).
+KIND_LOSSES = {"dense": ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet"), "sparse": ("splade",)}
+NO_DUPLICATE_BATCHES = ("mnrl", "cached-mnrl", "splade")  # in-batch negatives: batches without repeated texts
 
 
 def _column_keys(index: int) -> dict[str, str]:
@@ -67,7 +71,7 @@ class EmbedderTraining(nn.Module):
     """The Trainer's model: ``forward(**batch)`` embeds each text column and returns an object with ``.loss``;
     ``save_pretrained`` writes the embedder (HF + sentence-transformers files)."""
 
-    def __init__(self, model: SentenceModel, loss: nn.Module, loss_name: str, columns: int) -> None:
+    def __init__(self, model: nn.Module, loss: nn.Module, loss_name: str, columns: int) -> None:
         super().__init__()
         self.model = model
         self.loss = loss
@@ -92,7 +96,7 @@ class EmbedderTraining(nn.Module):
             loss = self.loss(*columns, duplicates=batch["duplicates"])
         else:
             vectors = [self.model(**column) for column in columns]
-            if self.loss_name == "mnrl":
+            if self.loss_name in ("mnrl", "splade"):
                 loss = self.loss(*vectors, duplicates=batch["duplicates"])
             elif self.loss_name in ("cosent", "cosine"):
                 loss = self.loss(*vectors, batch["scores"])
@@ -104,9 +108,13 @@ class EmbedderTraining(nn.Module):
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
         directory = Path(directory)
-        self.model.encoder.save_pretrained(directory, tokenizer=tokenizer or self.model.tokenizer)
-        write_sentence_transformer(directory, pooling=self.model.pooling, normalize=self.model.normalize,
-                                   max_seq_length=self.model.max_length, dimension=self.model.dimension)
+        if isinstance(self.model, SentenceModel):
+            self.model.encoder.save_pretrained(directory, tokenizer=tokenizer or self.model.tokenizer)
+            write_sentence_transformer(directory, pooling=self.model.pooling, normalize=self.model.normalize,
+                                       max_seq_length=self.model.max_length, dimension=self.model.dimension,
+                                       prompts=getattr(self.model, "prompts", None))
+        else:  # a sparse or multi-vector model writes its own format
+            self.model.save_pretrained(directory, tokenizer=tokenizer or self.model.tokenizer)
         head = {k: v for k, v in self.loss.state_dict().items() if not k.startswith("model.")}
         if head:  # the softmax classifier: not part of the embedder, kept for resuming
             torch.save(head, directory / LOSS_HEAD_FILE)
@@ -123,10 +131,12 @@ class EmbedderTraining(nn.Module):
 
 
 class _ModelEncoder:
-    """``encode(texts, batch_size, normalize)`` over a SentenceModel, for the evaluators."""
+    """``encode(texts, batch_size, normalize)`` over a SentenceModel (or a SparseModel: its vocabulary-wide vectors,
+    never normalised, as sparse vectors compare by dot product), for the evaluators."""
 
-    def __init__(self, model: SentenceModel) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
+        self.dot = not isinstance(model, SentenceModel)
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 64, normalize: bool | None = None, **_: Any):
         device = next(self.model.parameters()).device
@@ -135,7 +145,7 @@ class _ModelEncoder:
             batch = self.model.tokenize(list(texts[start:start + batch_size]))
             features = {k: v.to(device) for k, v in batch.model_inputs().items()}
             vectors = self.model(**features).float()
-            if normalize:
+            if normalize and not self.dot:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
             parts.append(vectors.cpu().numpy())
         return np.concatenate(parts) if parts else np.zeros((0, self.model.dimension), dtype=np.float32)
@@ -164,8 +174,10 @@ def _validation(valid: str | Path, loss: str, labels: dict[str, int] | None) -> 
         query_texts = {qid: text for text, qid in queries.items()}
         corpus_texts = {doc: text for text, doc in corpus.items()}
 
-        def retrieval(model: SentenceModel) -> dict[str, float]:
-            metrics = evaluate_retrieval(_ModelEncoder(model), query_texts, corpus_texts, qrels, batch_size=64)
+        def retrieval(model: nn.Module) -> dict[str, float]:
+            encoder = _ModelEncoder(model)  # sparse: vocabulary-wide rows, so the corpus is scored in small chunks
+            metrics = evaluate_retrieval(encoder, query_texts, corpus_texts, qrels, batch_size=64,
+                                         corpus_chunk_size=512 if encoder.dot else 16384)
             return {k.replace("@", "_at_"): v for k, v in metrics.items()}
 
         return "ndcg_at_10", retrieval
@@ -204,6 +216,7 @@ class EmbedderRecipe:
     ``batch_size`` is per process."""
 
     loss: str = "mnrl"
+    kind: str = "dense"
     epochs: float = 1
     batch_size: int = 32
     learning_rate: float = 2e-5
@@ -225,10 +238,24 @@ class EmbedderRecipe:
     time_budget_s: float | None = None
     show_progress: bool = True
     gather_across_processes: bool | None = None
+    query_regularizer_weight: float = 5e-5  # splade: FLOPS weights (sentence-transformers' SPLADE examples' values)
+    document_regularizer_weight: float = 3e-5
+    # Prepended to the anchors (query) and to the other columns (document) while training, and written into the
+    # model's config_sentence_transformers.json as its "query" and "document" prompts, so that it is used with them.
+    query_prompt: str | None = None
+    document_prompt: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kind not in KIND_LOSSES:
+            raise InputError(f"unknown kind {self.kind!r}; choose one of {', '.join(KIND_LOSSES)}")
         if self.loss not in LOSSES:
             raise InputError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if self.loss not in KIND_LOSSES[self.kind]:
+            raise InputError(f"the {self.loss} loss does not train a {self.kind} model; a {self.kind} model takes "
+                             f"{', '.join(KIND_LOSSES[self.kind])} (--kind and --loss)")
+        if self.kind != "dense" and (self.matryoshka_dims or self.pooling or self.normalize):
+            raise InputError(f"--matryoshka, --pooling and --normalize apply to dense embedders, not to --kind "
+                             f"{self.kind}")
         if self.gather_across_processes and self.loss not in GATHERING_LOSSES:
             raise InputError(f"the {self.loss} loss compares each example with its own texts only, so there is "
                              f"nothing to gather across processes (it already equals the one-process loss under DDP); "
@@ -254,7 +281,17 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
                         f"one ({', '.join(data.label_names)}); add pairs of another label or use another loss")
     if loss == "triplet" and not data.negative_columns:
         raise DataError(f"{train_file}: the triplet loss needs a negative column (anchor, positive, negative)")
-    model = SentenceModel.from_pretrained(model_dir, pooling=r.pooling, normalize=r.normalize, max_length=r.max_length)
+    if r.kind == "sparse":
+        from ..embeddings.sparse import SparseModel
+
+        model: Any = SparseModel.from_pretrained(model_dir, max_length=r.max_length)
+    else:
+        model = SentenceModel.from_pretrained(model_dir, pooling=r.pooling, normalize=r.normalize,
+                                              max_length=r.max_length)
+    trained_prompts = {name: text for name, text in (("query", r.query_prompt), ("document", r.document_prompt))
+                       if text}
+    if trained_prompts:
+        model.prompts = {**getattr(model, "prompts", {}), **trained_prompts}
     if matryoshka_dims:
         too_big = [d for d in matryoshka_dims if d > model.dimension]
         if too_big:
@@ -275,6 +312,9 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         loss_module = wrap(L.CosineSimilarityLoss())
     elif loss == "softmax":
         loss_module = L.SoftmaxLoss(model.dimension, len(data.labels or {}))
+    elif loss == "splade":
+        loss_module = L.SpladeLoss(r.query_regularizer_weight, r.document_regularizer_weight,
+                                   gather_across_processes=gather)
     else:
         loss_module = wrap(L.TripletLoss(margin=r.triplet_margin))
 
@@ -290,12 +330,13 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
     def tokenize_columns(rows: list[Any]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for index in range(columns):
-            batch = model.tokenize([e.texts[index] for e in rows]).model_inputs()
+            prompt = (r.query_prompt if index == 0 else r.document_prompt) or ""
+            batch = model.tokenize([prompt + e.texts[index] for e in rows]).model_inputs()
             keys = _column_keys(index)
             out.update({keys[name]: value for name, value in batch.items()})
         return out
 
-    mnrl_like = loss in ("mnrl", "cached-mnrl")
+    mnrl_like = loss in NO_DUPLICATE_BATCHES
     if mnrl_like:
         # Global batches of processes x batch_size without repeated texts; process p trains on slice p of each
         # (the Trainer hands process p item position * processes + p), so no text repeats across processes either.
@@ -401,5 +442,6 @@ def finish_embedder(out_dir: str | Path, setup: EmbedderSetup, result: dict[str,
                           best_step=result["best_step"], metric=setup.metric, history=result["history"])
 
 
-__all__ = ["EmbedderRecipe", "EmbedderResult", "EmbedderSetup", "EmbedderTraining", "LOSSES", "finish_embedder", "prepare_embedder",
+__all__ = ["EmbedderRecipe", "EmbedderResult", "EmbedderSetup", "EmbedderTraining", "KIND_LOSSES", "LOSSES",
+           "finish_embedder", "prepare_embedder",
            "train_embedder"]

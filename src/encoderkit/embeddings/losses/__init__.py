@@ -25,5 +25,5 @@ from .splade import SpladeLoss, flops
 from .triplet import TripletLoss
 
 __all__ = ["CachedMultipleNegativesRankingLoss", "CoSENTLoss", "CosineSimilarityLoss", "MatryoshkaLoss",
-           "MaxSimMultipleNegativesRankingLoss", "MultipleNegativesRankingLoss", "SoftmaxLoss", "SpladeLoss", "TripletLoss",
-           "false_negative_masks", "flops", "text_ids"]
+           "MaxSimMultipleNegativesRankingLoss", "MultipleNegativesRankingLoss", "SoftmaxLoss", "SpladeLoss",
+           "TripletLoss", "false_negative_masks", "flops", "text_ids"]

@@ -86,12 +86,16 @@ class MultipleNegativesRankingLoss(StepWork, nn.Module):
     the same text on every process (``train_embedder`` numbers the texts of the whole global batch). Outside a
     distributed run it changes nothing."""
 
-    compares_by_cosine = True
-
-    def __init__(self, scale: float = 20.0, symmetric: bool = False, gather_across_processes: bool = False) -> None:
+    def __init__(self, scale: float = 20.0, symmetric: bool = False, gather_across_processes: bool = False,
+                 similarity: str = "cosine") -> None:
+        """``similarity``: "cosine" (sentence embedders) or "dot" (SPLADE's sparse vectors, with scale 1, as
+        sentence-transformers' SparseMultipleNegativesRankingLoss)."""
         super().__init__()
         if not scale > 0:
             raise InputError(f"the scale must be positive, found {scale}")
+        if similarity not in ("cosine", "dot"):
+            raise InputError(f"similarity must be 'cosine' or 'dot', found {similarity!r}")
+        self.similarity = similarity
         self.scale = scale
         self.symmetric = symmetric
         self.gather_across_processes = gather_across_processes
@@ -108,8 +112,9 @@ class MultipleNegativesRankingLoss(StepWork, nn.Module):
         candidates = columns[1:]
         if world > 1:
             candidates = tuple(gather(column) for column in candidates)
-        a = F.normalize(anchors, p=2, dim=1)
-        c = F.normalize(torch.cat(candidates, dim=0), p=2, dim=1)
+        a, c = anchors, torch.cat(candidates, dim=0)
+        if self.compares_by_cosine:
+            a, c = F.normalize(a, p=2, dim=1), F.normalize(c, p=2, dim=1)
         scores = self.scale * a @ c.T  # (batch, global batch * (1 + negative columns))
         if forward_mask is not None:
             scores = scores.masked_fill(forward_mask, float("-inf"))
@@ -122,6 +127,10 @@ class MultipleNegativesRankingLoss(StepWork, nn.Module):
                 reverse = reverse.masked_fill(backward_mask, float("-inf"))
             loss = (loss + F.cross_entropy(reverse, rows)) / 2
         return loss
+
+    @property
+    def compares_by_cosine(self) -> bool:
+        return self.similarity == "cosine"
 
     def _rows_and_masks(self, duplicates: Any, columns: int, batch: int, device: torch.device, world: int,
                         rank: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
