@@ -22,8 +22,10 @@ from parity.test_families import CONFIGS, STEMS, TOL, VOCAB, perturb
 transformers = pytest.importorskip("transformers")
 
 # The families whose layers the kernel runs: not MPNet, whose attention adds a relative-position bias
-# (test_a_relative_position_bias_stays_on_pytorch)
-KERNEL_FAMILIES = [family for family in CONFIGS if family != "mpnet"]
+# (test_a_relative_position_bias_stays_on_pytorch), nor the rotary ones (test_rotary_families_stay_on_pytorch)
+DECLINED = {"mpnet": "a relative position bias (MPNet)", "nomic_bert": "rotary or relative positions",
+            "gte": "rotary or relative positions", "eurobert": "pre-norm layers (ModernBERT, EuroBERT)"}
+KERNEL_FAMILIES = [family for family in CONFIGS if family not in DECLINED]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -104,6 +106,18 @@ def test_a_relative_position_bias_stays_on_pytorch(tmp_path):
     engine = engine_for(model, "fp32")
     ids, types = sequences(config, [13, 9, 6, 1])
     assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), "mpnet")
+    assert native.kernel_of(model) is None
+
+
+@pytest.mark.parametrize("family", ["nomic_bert", "gte", "eurobert"])
+def test_rotary_families_stay_on_pytorch(family, tmp_path):
+    """Rotary positions (and EuroBERT's pre-norm, RMSNorm, grouped-query layers) have no place in the kernel: it
+    declines them, with the reason, and the engine's states still equal transformers'."""
+    config, reference, model = reference_and_ours(family, tmp_path)
+    assert native.eligible(model) == DECLINED[family]
+    engine = engine_for(model, "fp32")
+    ids, types = sequences(config, [13, 9, 6, 1])
+    assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), family)
     assert native.kernel_of(model) is None
 
 

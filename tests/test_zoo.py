@@ -41,9 +41,21 @@ def test_deberta_v3_sizes_match_the_model_cards(name: str, backbone: float, embe
     assert abs(rest - backbone) / backbone <= 0.03, rest
 
 
+ROTARY = ("nomic-embed-text-v1.5", "gte-base-en-v1.5", "eurobert-210m")
+
+
+@pytest.mark.parametrize(("name", "published_millions"), [
+    ("nomic-embed-text-v1.5", 137), ("gte-base-en-v1.5", 137), ("eurobert-210m", 210)])
+def test_rotary_presets_match_their_model_cards(name: str, published_millions: float) -> None:
+    millions = count_parameters(preset(name)) / 1e6
+    assert abs(millions - published_millions) / published_millions <= 0.01, millions
+
+
 @pytest.mark.parametrize(("name", "task"), [(name, "base") for name in MODERN + ("xlm-roberta-large",)] + [
     (name, task) for name in ("modernbert-base", "deberta-v3-base", "mpnet-base", "xlm-roberta-base")
-    for task in ("masked-lm", "sequence-classification", "token-classification", "question-answering")])
+    for task in ("masked-lm", "sequence-classification", "token-classification", "question-answering")] + [
+    (name, task) for name in ROTARY  # transformers has no question answering for these
+    for task in ("base", "masked-lm", "sequence-classification", "token-classification")])
 def test_parameter_counts_equal_transformers(name: str, task: str) -> None:
     """ModernBertModel / DebertaV2Model (and their task models) built on the meta device from the same config."""
     config = preset(name)

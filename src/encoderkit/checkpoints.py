@@ -25,6 +25,9 @@ from .families import Rule
 
 log = logging.getLogger(__name__)
 
+JOIN = "+"  # in a rule: our tensor is the concatenation of these checkpoint tensors (see ``families.base.Rule``)
+
+
 def _pattern(name: str) -> re.Pattern[str]:
     regex = re.escape(name)
     for key in ("i", "g", "j"):
@@ -57,8 +60,8 @@ class _Mapper:
             if "i" in fields and fields["i"] is not None:
                 g, j = divmod(int(fields["i"]), self.config.inner_group_num)
                 theirs = theirs.replace("{i}", fields["i"]).replace("{g}", str(g)).replace("{j}", str(j))
-            hf_name = theirs + (fields["suffix"] or "")
-            return f"{self.config.family.hf_prefix}.{hf_name}" if self.task_model else hf_name
+            prefix = f"{self.config.family.hf_prefix}." if self.task_model else ""
+            return JOIN.join(prefix + part + (fields["suffix"] or "") for part in theirs.split(JOIN))
         return None
 
     def _head_to_hf(self, name: str) -> str | None:
@@ -182,13 +185,20 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
             raise CheckpointError(f"internal: no transformers name for {name}")  # a gap in the tables
         is_head = not name.startswith("encoder.") and task_model
         is_pooler = ".pooler." in f".{name}"
-        if hf_name not in state:
-            (fresh if is_head or is_pooler else missing).append(hf_name)
+        parts = hf_name.split(JOIN)
+        absent = [part for part in parts if part not in state]
+        if absent:
+            (fresh if is_head or is_pooler else missing).extend(absent)
             if is_head or is_pooler:
                 fresh_names.append(name)
             continue
-        consumed.add(hf_name)
-        value = state[hf_name]
+        consumed.update(parts)
+        try:
+            value = state[hf_name] if len(parts) == 1 else torch.cat([state[part] for part in parts])
+        except RuntimeError:  # joined tensors of different widths
+            mismatched.append(" + ".join(f"{part} {tuple(state[part].shape)}" for part in parts)
+                              + f" vs model {tuple(tensor.shape)}")
+            continue
         if tuple(value.shape) != tuple(tensor.shape):
             mismatched.append(f"{hf_name}: checkpoint {tuple(value.shape)} vs model {tuple(tensor.shape)}")
             continue
@@ -295,7 +305,9 @@ def write_checkpoint(model: nn.Module, directory: str | Path, *, architecture: s
         hf_name = mapper.our_to_hf(name)
         if hf_name is None:
             raise CheckpointError(f"internal: no transformers name for {name}")
-        tensors[hf_name] = tensor.detach().to("cpu").contiguous()
+        parts = hf_name.split(JOIN)
+        for part, piece in zip(parts, tensor.detach().to("cpu").chunk(len(parts))):
+            tensors[part] = piece.contiguous()
     _replace(config, architectures=[architecture]).save(directory)
     tmp = directory / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})

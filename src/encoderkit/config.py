@@ -19,6 +19,8 @@ from .families import COMMON_FIELDS, FAMILIES, Family
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 POS_ATT_TYPES = ("c2p", "p2c")
+# rotary scalings whose tables do not depend on the input's length within max_position_embeddings
+ROPE_TYPES = ("default", "linear", "dynamic")
 
 # config.json keys that only matter to decoders or to transformers' internals; dropped on read.
 _IGNORED_KEYS = {
@@ -65,7 +67,12 @@ class EncoderConfig:
     local_attention: int | None = None  # sliding window: a token sees keys within local_attention // 2 of it
     global_rope_theta: float | None = None  # rotary positions (None: none) in full-attention layers
     local_rope_theta: float | None = None  # ... and in sliding-window layers
-    classifier_pooling: str = "cls"  # "cls" | "mean": what the sequence classifier reads (ModernBERT)
+    rope_type: str = "default"  # "linear": positions divided by rope_factor; "dynamic": as "default" up to
+    rope_factor: float | None = None  # max_position_embeddings (longer inputs are refused)
+    num_key_value_heads: int | None = None  # grouped-query attention: heads share keys/values; None: one each
+    # "cls" | "mean": what the sequence classifier reads (ModernBERT); EuroBERT: "bos" (= "cls"), "mean", or "late"
+    # (the classifier on every token, its logits averaged over the real tokens)
+    classifier_pooling: str = "cls"
     classifier_activation: str | None = None  # the prediction head's activation; None: hidden_act
     classifier_bias: bool = True
     # ----- disentangled attention (DeBERTa-v2/v3)
@@ -139,6 +146,11 @@ class EncoderConfig:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def kv_heads(self) -> int:
+        """Heads of keys and values: fewer than the query heads with grouped-query attention (EuroBERT)."""
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
 
@@ -208,8 +220,21 @@ class EncoderConfig:
                               f"{self.global_rope_theta!r} and {self.local_rope_theta!r}")
         if self.global_rope_theta is not None and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head size, found {self.head_dim}")
-        if self.classifier_pooling not in ("cls", "mean"):
-            raise ConfigError(f"classifier_pooling must be 'cls' or 'mean', found {self.classifier_pooling!r}")
+        poolings = ("cls", "mean") + (("bos", "late") if "classifier_pooling" in self.family.own_fields
+                                      and self.family.classifier != "prediction_head" else ())
+        if self.classifier_pooling not in poolings:
+            raise ConfigError(f"classifier_pooling of {self.model_type} must be one of {', '.join(poolings)}, "
+                              f"found {self.classifier_pooling!r}")
+        kv_heads = self.num_key_value_heads
+        if kv_heads is not None and (not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0
+                                     or self.num_attention_heads % kv_heads):
+            raise ConfigError(f"num_key_value_heads ({kv_heads!r}) must be a positive divisor of "
+                              f"num_attention_heads ({self.num_attention_heads})")
+        if self.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope_type {self.rope_type!r} is not supported; encoderkit runs {', '.join(ROPE_TYPES)}")
+        if self.rope_type != "default" and not (isinstance(self.rope_factor, (int, float)) and self.rope_factor >= 1):
+            raise ConfigError(f"rope_type {self.rope_type!r} needs a factor >= 1 in rope_parameters, "
+                              f"found {self.rope_factor!r}")
         if self.pos_att_type is not None and set(self.pos_att_type) - set(POS_ATT_TYPES):
             raise ConfigError(f"pos_att_type may hold {POS_ATT_TYPES}, found {self.pos_att_type!r}")
         if self.norm_rel_ebd not in ("none", "layer_norm"):
@@ -270,6 +295,14 @@ class EncoderConfig:
             kwargs["layer_norm_eps"] = 1e-12  # fixed in DistilBERT, not a config field
         if model_type == "modernbert":
             used |= _read_modernbert_layers(data, kwargs)
+        if family.rotary:
+            used |= _read_rope(data, kwargs)
+        head_dim = data.get("head_dim")
+        hidden, heads = kwargs.get("hidden_size"), kwargs.get("num_attention_heads")
+        if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads > 0 \
+                and head_dim != hidden // heads:
+            raise ConfigError(f"head_dim ({head_dim}) differs from hidden_size / num_attention_heads "
+                              f"({hidden} / {heads}); encoderkit's heads split the hidden size evenly")
         if model_type == "deberta-v2":
             if isinstance(kwargs.get("pos_att_type"), str):  # "p2c|c2p", as DeBERTa's own configs spell it
                 kwargs["pos_att_type"] = [x.strip() for x in kwargs["pos_att_type"].lower().split("|") if x.strip()]
@@ -306,6 +339,10 @@ class EncoderConfig:
             out[family.config_key(name)] = value
         if self.model_type == "modernbert":
             _write_modernbert_layers(self, out)
+        if family.rotary:
+            out["rope_parameters"] = {"rope_type": self.rope_type, "rope_theta": self.global_rope_theta}
+            if self.rope_type != "default":
+                out["rope_parameters"]["factor"] = self.rope_factor
         if self.model_type == "deberta-v2":
             out["pooler_hidden_size"] = self.hidden_size
         if self.id2label:
@@ -369,6 +406,22 @@ def _read_modernbert_layers(data: dict[str, Any], kwargs: dict[str, Any]) -> set
         raise ConfigError("rope_scaling is not supported for ModernBERT; remove it or use rope_type 'default'")
     return {"layer_types", "rope_parameters", "global_attn_every_n_layers", "global_rope_theta", "local_rope_theta",
             "rope_scaling", "rope_theta", "sliding_window"}
+
+
+def _read_rope(data: dict[str, Any], kwargs: dict[str, Any]) -> set[str]:
+    """The one rotary table of NomicBERT, GTE and EuroBERT: ``rope_parameters`` (transformers 5) or ``rope_theta``
+    with ``rope_scaling`` (older configs); a missing theta keeps the family's default. Returns the keys it read."""
+    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"rope_parameters must be an object, found {rope!r}")
+    theta = rope.get("rope_theta", data.get("rope_theta"))
+    if theta is not None:
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+            raise ConfigError(f"rope_theta must be a number, found {theta!r}")
+        kwargs["global_rope_theta"] = kwargs["local_rope_theta"] = float(theta)
+    kwargs["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
+    kwargs["rope_factor"] = rope.get("factor")
+    return {"rope_parameters", "rope_theta", "rope_scaling"}
 
 
 def _write_modernbert_layers(config: EncoderConfig, out: dict[str, Any]) -> None:
@@ -454,6 +507,28 @@ PRESETS: dict[str, dict[str, Any]] = {
                        num_attention_heads=12, intermediate_size=3072, max_position_embeddings=514,
                        type_vocab_size=0, pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5,
                        relative_attention_num_buckets=32),
+    # nomic-embed-text-v1.5 (Nussbaum et al., 2024): BERT-base's shape, SwiGLU, rotary positions of base 1,000
+    "nomic-embed-text-v1.5": dict(model_type="nomic_bert", vocab_size=30528, hidden_size=768, num_hidden_layers=12,
+                                  num_attention_heads=12, intermediate_size=3072, max_position_embeddings=8192,
+                                  type_vocab_size=2, hidden_act="silu", hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0, absolute_positions=False, attention_bias=False,
+                                  mlp_bias=False, global_rope_theta=1000.0, local_rope_theta=1000.0),
+    # gte-base-en-v1.5 (Li et al., 2023; Alibaba-NLP): BERT-base's shape, GLU, rotary positions of base 500,000, no
+    # segments. The release scales its rotary table past 8,192 tokens ("ntk"), which encoderkit does not run: the
+    # preset keeps the unscaled table, the same within max_position_embeddings.
+    "gte-base-en-v1.5": dict(model_type="gte", vocab_size=30528, hidden_size=768, num_hidden_layers=12,
+                             num_attention_heads=12, intermediate_size=3072, max_position_embeddings=8192,
+                             type_vocab_size=0, pad_token_id=0, attention_probs_dropout_prob=0.0,
+                             absolute_positions=False, global_rope_theta=500_000.0, local_rope_theta=500_000.0),
+    # EuroBERT-210m (Boizard et al., 2025): 12 layers of 768, one key/value head per query head, a Llama-3 vocabulary
+    "eurobert-210m": dict(model_type="eurobert", vocab_size=128256, hidden_size=768, num_hidden_layers=12,
+                          num_attention_heads=12, num_key_value_heads=12, intermediate_size=3072,
+                          max_position_embeddings=8192, hidden_act="silu", layer_norm_eps=1e-5, pad_token_id=128001,
+                          bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False, attention_bias=False,
+                          mlp_bias=False, decoder_bias=False, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0, type_vocab_size=0, absolute_positions=False,
+                          norm_bias=False, classifier_pooling="late", global_rope_theta=250_000.0,
+                          local_rope_theta=250_000.0),
     "distilbert-base": dict(model_type="distilbert", hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                             intermediate_size=3072, type_vocab_size=0, classifier_dropout=0.2),
     "albert-base": dict(_ALBERT, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from encoderkit import load_model
-from test_families import TOL, VOCAB, assert_close, hf_outputs, make_batch, our_outputs, perturb
+from test_families import TOL, VOCAB, assert_parity_and_round_trip, make_batch, perturbed_reference
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,15 +60,10 @@ def hf_class(variant: str, task: str):
 
 
 def build_reference(variant: str, task: str, **config_changes):
-    torch.manual_seed(0)
     config = VARIANTS[variant]()
     for key, value in config_changes.items():
         setattr(config, key, value)
-    if task in ("sequence-classification", "token-classification"):
-        config.num_labels = 3
-    reference = hf_class(variant, task)._from_config(config, attn_implementation="eager").eval()
-    perturb(reference)
-    return config, reference
+    return config, perturbed_reference(hf_class(variant, task), config, task)
 
 
 @pytest.mark.parametrize(("variant", "task"), CASES, ids=[f"{v}-{t}" for v, t in CASES])
@@ -78,20 +73,7 @@ def test_load_matches_transformers_and_round_trips(variant: str, task: str, tmp_
     ours = load_model(tmp_path / "hf")
     assert ours.task == task
     inputs = make_batch(config, config.pad_token_id)
-    with torch.no_grad():
-        expected = hf_outputs(reference, inputs)
-        explicit = our_outputs(ours, inputs)  # padded grid, probabilities returned
-        unpadded = our_outputs(ours, inputs, attentions=False)
-    mask = inputs["attention_mask"]
-    assert "attentions" in expected and len(expected["hidden_states"]) == config.num_hidden_layers + 1
-    assert_close(expected, explicit, mask, f"{variant}/{task} explicit")
-    assert_close({k: v for k, v in expected.items() if k != "attentions"}, unpadded, mask, f"{variant}/{task}")
-
-    ours.save_pretrained(tmp_path / "ours")
-    reloaded = hf_class(variant, task).from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
-    with torch.no_grad():
-        again = hf_outputs(reloaded, inputs)
-    assert_close(expected, again, mask, f"{variant}/{task} round trip")
+    assert_parity_and_round_trip(reference, ours, inputs, tmp_path / "ours", f"{variant}/{task}")
 
 
 @pytest.mark.parametrize("variant", ["modernbert-every3-window4"])  # DeBERTa-v2 has no sdpa in transformers

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-Rule = tuple[str, str]  # (our name, transformers' name); {i}: our layer index; {g}/{j}: ALBERT group/inner index
+# (our name, transformers' name); {i}: our layer index; {g}/{j}: ALBERT group/inner index. transformers' side may
+# name several tensors joined by "+": ours is their concatenation along the first dimension, in that order, in equal
+# parts (a checkpoint's separate up and gate projections, one matrix here).
+Rule = tuple[str, str]
 
 BERT_DEFAULTS: dict[str, Any] = dict(
     vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
@@ -36,6 +39,14 @@ class Family:
     # ----- the parts of the one encoder it uses
     norm_placement: str = "post"  # "post": x = LN(x + f(x)) (BERT); "pre": x = x + f(LN(x)) (ModernBERT)
     mlp: str = "plain"  # "plain": act(W1 x); "glu": act(a) * b with [a, b] = W1 x (ModernBERT's GeGLU)
+    glu_activated_half: str = "first"  # "second": act(b) * a (the checkpoint stores [up; gate]: GTE, NomicBERT)
+    ffn_in_bias: bool = True  # False: the MLP's input projection has no bias whatever mlp_bias says (GTE)
+    mlp_inner_dropout: bool = False  # a post-norm MLP drops out after its activation (hidden_dropout_prob; GTE)
+    norm: str = "layer"  # "layer": LayerNorm; "rms": RMSNorm, no bias (EuroBERT)
+    embedding_norm: bool = True  # False: the embeddings enter the first layer unnormalised (EuroBERT)
+    # One rotary table for every layer, its theta (and scaling) read from config.json's rope_parameters (or the
+    # older rope_theta/rope_scaling); ModernBERT's global and local thetas are read by its own reader.
+    rotary: bool = False
     fused_qkv: bool = False  # one Wqkv projection in the checkpoint (ModernBERT) instead of query/key/value
     final_norm: bool = False  # a LayerNorm after the last layer (pre-norm families)
     first_layer_attention_norm: bool = True  # ModernBERT's first layer has no attention norm
@@ -51,6 +62,7 @@ class Family:
     layer_sharing: bool = False  # ALBERT's cross-layer parameter groups
     # ----- heads
     mlm_activation: str | None = None  # activation of the MLM transform; None = the config's hidden_act
+    mlm_transform: bool = True  # False: the MLM head is the decoder alone (EuroBERT)
     # "pooled": pooler -> linear; "dense_tanh"/"dense_gelu"/"dense_relu": [CLS] -> dense -> act -> linear;
     # "context_pooler": DeBERTa's [CLS] -> dense -> pooler_hidden_act -> linear;
     # "prediction_head": ModernBERT's pooled (cls/mean) -> dense -> act -> norm -> linear

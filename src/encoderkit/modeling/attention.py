@@ -69,10 +69,12 @@ def check_attention_bias(bias: torch.Tensor, batch: int, length: int, heads: int
 class RotaryTables(nn.Module):
     """cos/sin tables of rotary position embeddings (Su et al., 2021), one per theta, grown on demand."""
 
-    def __init__(self, head_dim: int, thetas: dict[str, float]) -> None:
+    def __init__(self, head_dim: int, thetas: dict[str, float], factor: float = 1.0) -> None:
+        """``factor``: linear scaling, positions divided by it (the frequencies, equivalently)."""
         super().__init__()
         self.head_dim = head_dim
         self.thetas = dict(thetas)
+        self.factor = factor
         self._tables: dict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get(self, kind: str, length: int, device: torch.device, cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +86,8 @@ class RotaryTables(nn.Module):
             size = length if not cache else max(length, 2 * cached[0].shape[0] if cached is not None else 512)
             inv_freq = 1.0 / (self.thetas[kind] ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                                  device=device) / self.head_dim))
+            if self.factor != 1.0:
+                inv_freq = inv_freq / self.factor
             angles = torch.arange(size, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
             cached = (angles.cos(), angles.sin())
             if cache:
@@ -285,14 +289,16 @@ class SelfAttention(nn.Module):
         self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
+        self.kv_heads = config.kv_heads  # fewer than num_heads: grouped-query attention, heads share keys/values
         hidden = config.hidden_size
+        kv_width = self.kv_heads * self.head_dim
         bias = config.attention_bias
         if config.family.fused_qkv:
-            self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
+            self.qkv = nn.Linear(hidden, hidden + 2 * kv_width, bias=bias)
         else:
             self.query = nn.Linear(hidden, hidden, bias=bias)
-            self.key = nn.Linear(hidden, hidden, bias=bias)
-            self.value = nn.Linear(hidden, hidden, bias=bias)
+            self.key = nn.Linear(hidden, kv_width, bias=bias)
+            self.value = nn.Linear(hidden, kv_width, bias=bias)
         self.output = nn.Linear(hidden, hidden, bias=bias)
         self.dropout_p = config.attention_probs_dropout_prob
         self.layer_type = config.layer_type(index)
@@ -311,7 +317,7 @@ class SelfAttention(nn.Module):
         self.scaled = bool(config.pos_att_type)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        """Query, key and value of each row in one matrix product: (rows, 3 * hidden)."""
+        """Query, key and value of each row in one matrix product: (rows, hidden + 2 * key/value width)."""
         if hasattr(self, "qkv"):
             return self.qkv(x)
         if self.fused_projection is not None:
@@ -345,8 +351,7 @@ class SelfAttention(nn.Module):
             if mask is not None:
                 out = _TrainingAttention.apply(grid, group.valid, self.num_heads, self.scale_or_default, mask)
             else:
-                grid = grid.view(group.count, group.length, 3, self.num_heads, self.head_dim)
-                q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each (count, heads, length, head_dim)
+                q, k, v = self.split_heads(grid, group.count, group.length)
                 out, probs = self.attend_grid(q, k, v, group, context)
             out = out.transpose(1, 2)
             if single:
@@ -364,6 +369,23 @@ class SelfAttention(nn.Module):
             return self.output(rows), probs
         return plus_product(residual, self.output, rows), probs
 
+    def split_heads(self, grid: torch.Tensor, count: int, length: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Query, key and value of a (count, length, width) grid, each (count, heads, length, head_dim). With
+        grouped-query attention, each key/value head serves ``num_heads // kv_heads`` consecutive query heads."""
+        heads, dim = self.num_heads, self.head_dim
+        if self.kv_heads == heads:
+            return grid.view(count, length, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = grid.split([heads * dim, self.kv_heads * dim, self.kv_heads * dim], dim=-1)
+        q = q.reshape(count, length, heads, dim).transpose(1, 2)
+        shared = heads // self.kv_heads
+
+        def spread(x: torch.Tensor) -> torch.Tensor:  # (count, kv_heads, length, dim) -> one copy per query head
+            x = x.reshape(count, length, self.kv_heads, dim).transpose(1, 2)
+            return x[:, :, None].expand(count, self.kv_heads, shared, length, dim).reshape(count, heads, length, dim)
+
+        return q, spread(k), spread(v)
+
     @property
     def scale_or_default(self) -> float:
         return self.scale if self.scaled else 1.0 / math.sqrt(self.head_dim)
@@ -378,7 +400,7 @@ class SelfAttention(nn.Module):
                 and grid.dtype == torch.float32):
             return None
         if (self.rotary_kind is not None or self.pos_att_type or context.return_probs or context.dense
-                or context.position_bias is not None):
+                or context.position_bias is not None or self.kv_heads != self.num_heads):
             return None
         if self.window_half is not None and group.length > self.window_half + 1:
             return None

@@ -39,7 +39,7 @@ class Embeddings(nn.Module):
         self.token_type = nn.Embedding(config.type_vocab_size, dim) if config.type_vocab_size > 0 else None
         self.project_first = config.family.embedding_projection == "before_norm"
         self.norm = nn.LayerNorm(config.hidden_size if self.project_first else dim, eps=config.layer_norm_eps,
-                                 bias=config.norm_bias)
+                                 bias=config.norm_bias) if config.family.embedding_norm else nn.Identity()
         dropout = config.embedding_dropout if config.embedding_dropout is not None else config.hidden_dropout_prob
         self.dropout = Dropout(dropout)
         self.projection = None
@@ -85,7 +85,7 @@ class Embeddings(nn.Module):
 
 
 def init_weights(module: nn.Module, std: float) -> None:
-    """BERT's initialisation: N(0, std) for matrices, zeros for biases, ones for LayerNorm scales."""
+    """BERT's initialisation: N(0, std) for matrices, zeros for biases, ones for LayerNorm/RMSNorm scales."""
     for sub in module.modules():
         if isinstance(sub, nn.Linear):
             nn.init.normal_(sub.weight, std=std)
@@ -98,9 +98,9 @@ def init_weights(module: nn.Module, std: float) -> None:
             if sub.padding_idx is not None:
                 with torch.no_grad():
                     sub.weight[sub.padding_idx].zero_()
-        elif isinstance(sub, nn.LayerNorm):
+        elif isinstance(sub, (nn.LayerNorm, nn.RMSNorm)):
             nn.init.ones_(sub.weight)
-            if sub.bias is not None:
+            if getattr(sub, "bias", None) is not None:
                 nn.init.zeros_(sub.bias)
 
 

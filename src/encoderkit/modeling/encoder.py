@@ -69,14 +69,28 @@ class EncoderOutput:
     score_parts: tuple[dict[str, torch.Tensor], ...] | None = None
 
 
-def layer_norm(config: EncoderConfig, size: int | None = None) -> nn.LayerNorm:
+class RMSNorm(nn.RMSNorm):
+    """Root-mean-square norm (Zhang and Sennrich, 2019), x / rms(x) * scale, computed in fp32: torch's module with
+    its forward written out in elementary operations, which every ONNX opset exports (``aten::rms_norm`` has none
+    at opset 17)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def layer_norm(config: EncoderConfig, size: int | None = None) -> nn.Module:
+    """The family's norm: LayerNorm, or RMSNorm (EuroBERT: a scale and no bias)."""
+    if config.family.norm == "rms":
+        return RMSNorm(size or config.hidden_size, eps=config.layer_norm_eps)
     return nn.LayerNorm(size or config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
 class EncoderLayer(nn.Module):
-    """One block. Post-norm (BERT, DeBERTa): x = LN(x + Attn(x)); x = LN(x + MLP(x)).
-    Pre-norm (ModernBERT): x = x + Attn(LN(x)); x = x + MLP(LN(x)). The MLP is act(W1 x) or, GeGLU,
-    act(a) * b with [a, b] = W1 x."""
+    """One block. Post-norm (BERT, DeBERTa, NomicBERT, GTE): x = LN(x + Attn(x)); x = LN(x + MLP(x)).
+    Pre-norm (ModernBERT, EuroBERT): x = x + Attn(LN(x)); x = x + MLP(LN(x)). The MLP is act(W1 x) or, gated,
+    act(a) * b with [a, b] = W1 x (or act(b) * a, as the family's checkpoints order the halves)."""
 
     def __init__(self, config: EncoderConfig, index: int = 0) -> None:
         super().__init__()
@@ -85,8 +99,9 @@ class EncoderLayer(nn.Module):
         first_without_norm = self.pre_norm and index == 0 and not config.family.first_layer_attention_norm
         self.attention_norm = nn.Identity() if first_without_norm else layer_norm(config)
         self.glu = config.family.mlp == "glu"
+        self.gate_second = config.family.glu_activated_half == "second"
         width = config.intermediate_size * (2 if self.glu else 1)
-        self.ffn_in = nn.Linear(config.hidden_size, width, bias=config.mlp_bias)
+        self.ffn_in = nn.Linear(config.hidden_size, width, bias=config.mlp_bias and config.family.ffn_in_bias)
         self.activation = Activation(config.hidden_act)
         self.ffn_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.ffn_norm = layer_norm(config)
@@ -96,7 +111,8 @@ class EncoderLayer(nn.Module):
             self.output_dropout = nn.Identity()
         else:
             self.attention_dropout = self.output_dropout = Dropout(config.hidden_dropout_prob)
-            self.inner_dropout = nn.Identity()
+            self.inner_dropout = Dropout(config.hidden_dropout_prob) if config.family.mlp_inner_dropout \
+                else nn.Identity()
 
     def inner(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP's hidden states of ``x``, after its activation (and inner dropout). For inference
@@ -106,6 +122,8 @@ class EncoderLayer(nn.Module):
             inner = self.ffn_in(x)
             if self.glu:
                 value, gate = inner.chunk(2, dim=-1)
+                if self.gate_second:
+                    value, gate = gate, value
                 inner = self.activation(value) * gate
             else:
                 inner = self.activation(inner)
@@ -209,7 +227,8 @@ class EncoderModel(nn.Module):
         self.rotary = None
         if config.global_rope_theta is not None:
             self.rotary = RotaryTables(config.head_dim, {"global": config.global_rope_theta,
-                                                          "local": config.local_rope_theta})
+                                                          "local": config.local_rope_theta},
+                                       factor=config.rope_factor if config.rope_type == "linear" else 1.0)
 
     def layer_schedule(self) -> list[int]:
         """Which unique layer runs at each depth (identity without sharing; ALBERT repeats its groups)."""

@@ -7,18 +7,23 @@ from torch import nn
 from ..config import EncoderConfig
 from .dropout import Dropout
 from .encoder import Activation, layer_norm
+from .packing import pool_padded
 
 
 class MaskedLMHead(nn.Module):
-    """dense -> activation -> LayerNorm -> decoder tied to the word embeddings (+ its own bias)."""
+    """dense -> activation -> LayerNorm -> decoder tied to the word embeddings (+ its own bias); EuroBERT's is the
+    decoder alone."""
 
     def __init__(self, config: EncoderConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
         dim = config.embedding_dim
-        self.transform = nn.Linear(config.hidden_size, dim, bias=config.classifier_bias or
-                                   config.family.classifier != "prediction_head")
-        self.activation = Activation(config.head_activation)
-        self.norm = layer_norm(config, dim)
+        if config.family.mlm_transform:
+            self.transform = nn.Linear(config.hidden_size, dim, bias=config.classifier_bias or
+                                       config.family.classifier != "prediction_head")
+            self.activation = Activation(config.head_activation)
+            self.norm = layer_norm(config, dim)
+        else:
+            self.transform = self.activation = self.norm = nn.Identity()
         self.decoder = nn.Linear(dim, config.vocab_size, bias=config.decoder_bias)
         if config.tie_word_embeddings:
             self.decoder.weight = word_embeddings.weight
@@ -56,7 +61,10 @@ class SequenceClassificationHead(_PredictionTransform):
         super().__init__(config)
         style = config.family.classifier
         self.uses_pooler = style == "pooled"
-        self.pooling = config.classifier_pooling if style == "prediction_head" else "cls"
+        # the summary the classifier reads: ModernBERT's and EuroBERT's config.json choose it ("bos" is [CLS]; "late":
+        # every token's logits, averaged, see ``from_states``), the other families read [CLS]
+        chosen = style == "prediction_head" or "classifier_pooling" in config.family.own_fields
+        self.pooling = {"bos": "cls"}.get(config.classifier_pooling, config.classifier_pooling) if chosen else "cls"
         self.dropout = Dropout(_dropout(config))
         # RoBERTa, ELECTRA and DeBERTa drop out before their dense layer too; DistilBERT does not.
         self.dropout_first = None
@@ -70,6 +78,18 @@ class SequenceClassificationHead(_PredictionTransform):
             self.activation = Activation({"dense_tanh": "tanh", "dense_gelu": "gelu", "dense_relu": "relu",
                                           "context_pooler": config.pooler_hidden_act or "gelu"}[style])
         self.out = nn.Linear(config.hidden_size, num_labels)
+
+    def from_states(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                    pooled: torch.Tensor | None) -> torch.Tensor:
+        """(batch, labels) logits of padded (batch, length, hidden) final states: of their summary, or, pooling
+        "late", the mean over each sequence's real tokens of every token's logits."""
+        if self.pooling != "late":
+            return self(pool_padded(hidden, attention_mask, self.pooling), pooled)
+        logits = self(hidden, pooled)
+        if attention_mask is None:
+            return logits.mean(dim=1)
+        mask = attention_mask.unsqueeze(-1).to(logits.dtype)
+        return (logits * mask).sum(dim=1) / mask.sum(dim=1)
 
     def forward(self, summary: torch.Tensor, pooled: torch.Tensor | None) -> torch.Tensor:
         """``summary``: (batch, hidden), the [CLS] states (or the token means); ``pooled``: the pooler's output."""

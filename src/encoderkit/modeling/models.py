@@ -15,7 +15,6 @@ from ..errors import CheckpointError, ConfigError, InputError
 from .embeddings import init_weights
 from .encoder import EncoderModel, EncoderOutput
 from .crf import CRF, word_emissions
-from .packing import pool_padded
 from .heads import (
     MaskedLMHead,
     ReplacedTokenHead,
@@ -192,8 +191,7 @@ class EncoderForSequenceClassification(_TaskModel):
         first_only = self.training and self.classifier.pooling == "cls"
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
                            output_attentions, first_only)
-        logits = self.classifier(pool_padded(out.last_hidden_state, attention_mask, self.classifier.pooling),
-                                 out.pooler_output)
+        logits = self.classifier.from_states(out.last_hidden_state, attention_mask, out.pooler_output)
         loss = None if labels is None else classification_loss(logits, labels, self.config.problem_type)
         return self._output(out, logits=logits, loss=loss)
 
@@ -346,7 +344,7 @@ class EncoderForMultiTask(_TaskModel):
         first_only = self.training and all(head.pooling == "cls" for head in self.heads.values())
         out = self._encode(input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states,
                            output_attentions, first_only)
-        logits = {name: head(pool_padded(out.last_hidden_state, attention_mask, head.pooling), out.pooler_output)
+        logits = {name: head.from_states(out.last_hidden_state, attention_mask, out.pooler_output)
                   for name, head in self.heads.items()}
         loss = None
         if labels is not None:

@@ -121,9 +121,13 @@ def eligible(encoder: nn.Module) -> str | None:
     """None where ``encoder``'s layers can run natively, else the reason they cannot."""
     config = encoder.config
     if config.is_pre_norm or encoder.final_norm is not None:
-        return "pre-norm layers (ModernBERT)"
+        return "pre-norm layers (ModernBERT, EuroBERT)"
     if encoder.rotary is not None or encoder.relative is not None or config.pos_att_type:
         return "rotary or relative positions"
+    if config.kv_heads != config.num_attention_heads:
+        return "grouped-query attention"
+    if config.family.norm != "layer" or not config.family.embedding_norm:
+        return "norms other than LayerNorm"
     if encoder.conv is not None:
         return "a convolution beside the first layer"
     if encoder.position_bias is not None:
