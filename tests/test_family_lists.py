@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def named(text: str) -> set[str]:
     words = set(re.findall(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", text.lower()))
-    return {name for name in FAMILIES if name in words}
+    return {name for name in FAMILIES if name in words or name.replace("_", "") in words}  # nomic_bert: NomicBERT
 
 
 @pytest.mark.parametrize("place", ["docstring", "help", "pyproject"])
