@@ -95,6 +95,8 @@ def test_tokens_are_pylates_layout(saved) -> None:
     embedder = MultiVectorEmbedder.from_pretrained(directory)
     q_id, d_id = hf.convert_tokens_to_ids("[Q] "), hf.convert_tokens_to_ids("[D] ")
     assert (q_id, d_id) == (hf.vocab_size, hf.vocab_size + 1)  # added after the vocabulary, as PyLate adds them
+    assert all(np.array_equal(a, b) for a, b in zip(embedder.encode_query(QUERIES[:2]),
+                                                    embedder.encode(QUERIES[:2], is_query=True)))
     queries = embedder.tokenize(QUERIES[:3], is_query=True)
     for text, ids, attended in zip(QUERIES, queries.ids, queries.attended):
         plain = hf(text.strip(), truncation=True, max_length=31)["input_ids"]
@@ -121,6 +123,9 @@ def test_model_forward_equals_embedder_and_trains(model, saved) -> None:
             got = vectors[row][mask[row]].numpy()
             assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
             assert float(vectors[row][~mask[row]].abs().sum()) == 0.0
+        padded, present = embedder.encode(texts, is_query=is_query, padded=True)
+        for row, want in enumerate(embedder.encode(texts, is_query=is_query, convert_to="torch")):
+            assert torch.equal(padded[row][present[row]], want) and int(present[row].sum()) == len(want)
     model.train()
     loss = MaxSimMultipleNegativesRankingLoss()
     value = loss(model(**model.tokenize(QUERIES[:3], True)), model(**model.tokenize(DOCUMENTS[:3], False)))
@@ -239,6 +244,8 @@ def test_bad_input_is_refused_with_what_to_do(saved, plain_dir, tmp_path) -> Non
         embedder.encode(["text"], is_query=None)
     with pytest.raises(InputError, match=r"texts\[1\] must be a string, found int"):
         embedder.encode(["text", 3], is_query=False)
+    with pytest.raises(InputError, match="texts must be a string or a list of strings, found int"):
+        embedder.encode(5, is_query=True)
     with pytest.raises(InputError, match="at least one text"):
         embedder.encode([], is_query=True)
     with pytest.raises(InputError, match="query_length 200 is longer than this model reads"):

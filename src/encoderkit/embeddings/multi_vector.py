@@ -199,7 +199,9 @@ def tokenize_texts(tokenizer: Tokenizer, texts: Sequence[str] | str, *, is_query
         raise InputError(f"is_query must be True (queries) or False (documents), found {is_query!r}")
     if isinstance(texts, str):
         texts = [texts]
-    if not isinstance(texts, Sequence) or not len(texts):
+    if not isinstance(texts, Sequence):
+        raise InputError(f"texts must be a string or a list of strings, found {type(texts).__name__}")
+    if not len(texts):
         raise InputError("give at least one text to encode, as a list of strings")
     for index, text in enumerate(texts):
         if not isinstance(text, str):
@@ -245,7 +247,8 @@ def scoring_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, is_qu
         return attention_mask.bool()
     mask = attention_mask.bool()
     if skiplist:
-        mask &= ~torch.isin(input_ids, torch.tensor(list(skiplist), dtype=input_ids.dtype, device=input_ids.device))
+        skipped = torch.isin(input_ids, torch.tensor(list(skiplist), dtype=input_ids.dtype, device=input_ids.device))
+        mask = mask & ~skipped  # not in place: the caller's mask may be this very tensor
     return mask
 
 
@@ -520,7 +523,7 @@ class MultiVectorEmbedder:
         return tokenize_texts(self.tokenizer, texts, is_query=is_query, settings=settings, ids=self.token_ids,
                               model_limit=self.encoder.config.max_sequence_length, prompt=prompt)
 
-    def encode(self, texts: Sequence[str] | str, *, is_query: bool, batch_size: int = MAX_BATCH_SIZE,
+    def encode(self, texts: Sequence[str] | str, *, is_query: bool | None = None, batch_size: int = MAX_BATCH_SIZE,
                convert_to: str = "numpy", padded: bool = False,
                progress: Callable[[int], None] | None = None) -> Any:
         """The token vectors of each text, in input order: a list of float32 (tokens_i, dimension) arrays (tensors
@@ -548,6 +551,14 @@ class MultiVectorEmbedder:
         if convert_to == "numpy":
             vectors = [v.numpy() for v in vectors]
         return vectors[0] if single else vectors
+
+    def encode_query(self, texts: Sequence[str] | str, **options: Any) -> Any:
+        """``encode(texts, is_query=True, ...)``, as sentence-transformers' ``encode_query``."""
+        return self.encode(texts, is_query=True, **options)
+
+    def encode_document(self, texts: Sequence[str] | str, **options: Any) -> Any:
+        """``encode(texts, is_query=False, ...)``, as sentence-transformers' ``encode_document``."""
+        return self.encode(texts, is_query=False, **options)
 
     def _encode_packed(self, tokens: TokenizedTexts, is_query: bool, batch_size: int,
                        progress: Callable[[int], None] | None) -> list[torch.Tensor]:
