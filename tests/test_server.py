@@ -234,10 +234,10 @@ def test_info_lists_models_kinds_and_endpoints(registry):
     embedder = models["all-MiniLM-L6-v2"]
     assert embedder["family"] == "bert" and embedder["dimensions"] == 384 and embedder["max_input_length"] == 256
     assert embedder["pooling"] == "mean" and embedder["normalize"] is True and embedder["dtype"] == "float32"
-    assert embedder["endpoints"] == ["/embed", "/v1/embeddings", "/tokenize", "/search"]
+    assert embedder["endpoints"] == ["/embed", "/v1/embeddings", "/embed_all", "/tokenize", "/search"]
     assert models["rerank"]["kinds"] == ["predict", "rerank"] and models["sentiment"]["kinds"] == ["predict"]
     assert models["sentiment"]["labels"] == ["negative", "neutral", "positive"]
-    assert models["mlm"]["endpoints"] == ["/fill-mask", "/tokenize"]
+    assert models["mlm"]["endpoints"] == ["/embed_sparse", "/fill-mask", "/tokenize"]
     assert body["index"]["count"] == 4 and body["index"]["model"] == "all-MiniLM-L6-v2"
     assert "path" not in str(body["models"])  # the server's files are not shown
     assert registry.kinds("ner") == {"ner"} and registry.path("qa").is_dir() and registry.index_path.is_dir()

@@ -151,20 +151,26 @@ class SparseEmbedder:
         keep = check_max_active_dims(max_active_dims) or self.max_active_dims
         chosen = self.prompt_of(prompt, prompt_name)
         texts = [chosen + t for t in texts] if chosen else list(texts)
+        ids, types = self.tokenizer.encode_ids(texts, max_length=self.max_length) if texts else ([], [])
+        return self.encode_tokens(ids, types, batch_size=batch_size, max_active_dims=keep, progress=progress)
+
+    @torch.inference_mode()
+    def encode_tokens(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None = None, *,
+                      batch_size: int | None = None, max_active_dims: int | None = None,
+                      progress: Callable[[int], None] | None = None) -> SparseVectors:
+        """The sparse vectors of sequences tokenised by the caller (the server tokenises to count and check
+        lengths before queueing), in input order."""
+        keep = check_max_active_dims(max_active_dims) or self.max_active_dims
         parts: list[SparseVectors] = []
         order: list[np.ndarray] = []
-        if texts:
-            ids, types = self.tokenizer.encode_ids(texts, max_length=self.max_length)
-            for indices, states, packing in self.engine.run(ids, types, max_batch_size=batch_size):
-                pooled = self.pool_states(states, packing.cu_seqlens)
-                parts.append(SparseVectors.from_dense(pooled, keep))
-                order.append(np.asarray(indices))
-                if progress is not None:
-                    progress(len(indices))
+        for indices, states, packing in self.engine.run(ids, types, max_batch_size=batch_size):
+            parts.append(SparseVectors.from_dense(self.pool_states(states, packing.cu_seqlens), keep))
+            order.append(np.asarray(indices))
+            if progress is not None:
+                progress(len(indices))
         if not parts:
             return SparseVectors(np.zeros(1), np.zeros(0), np.zeros(0), self.dimension)
-        everything = SparseVectors.concatenate(parts)
-        return everything[np.argsort(np.concatenate(order), kind="stable")]
+        return SparseVectors.concatenate(parts)[np.argsort(np.concatenate(order), kind="stable")]
 
     def pool_states(self, states: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         """(sequences, vocabulary) SPLADE weights of packed final states (tokens, hidden), sequence k being rows

@@ -22,7 +22,8 @@ from .settings import ServerSettings
 from .state import ServerState
 from .studio import ATTENTION_PATH as STUDIO_ATTENTION, is_public as studio_is_public, mount_studio
 
-INFERENCE_PATHS = {"/embed", "/v1/embeddings", "/rerank", "/predict", "/ner", "/qa", "/fill-mask", "/search"}
+INFERENCE_PATHS = {"/embed", "/v1/embeddings", "/rerank", "/predict", "/ner", "/qa", "/fill-mask", "/search",
+                   "/embed_sparse", "/embed_all"}
 SERVICE_PATHS = {"/tokenize", "/health", "/info", "/metrics", "/docs", "/openapi.json", "/", "/v1/models"}
 
 

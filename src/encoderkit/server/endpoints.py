@@ -20,7 +20,7 @@ from ..tasks.pipeline import softmax
 from ..tasks.rerank import activate, distinct, ranked
 from .errors import ApiError, describe_validation_errors
 from .registry import ServedModel
-from .schemas import (EmbedRequest, FillMaskRequest, NerRequest, OpenAIEmbeddingRequest, PredictRequest, QaRequest,
+from .schemas import (EmbedAllRequest, EmbedRequest, EmbedSparseRequest, FillMaskRequest, NerRequest, OpenAIEmbeddingRequest, PredictRequest, QaRequest,
                       RerankRequest, SearchRequest, TokenizeRequest)
 from .state import ClientGone, ServerState, client_gone_response
 
@@ -66,8 +66,45 @@ def _run_fill_mask(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
     return run
 
 
+def _run_embed_sparse(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
+    embedder = model.pipeline("embed_sparse")
+
+    def run(items: list[tuple[list[int], list[int]]]) -> list[Any]:
+        vectors = embedder.encode_tokens([ids for ids, _ in items], [types for _, types in items])
+        return [vectors.row(r) for r in range(len(vectors))]
+
+    return run
+
+
+def _run_embed_all(model: ServedModel) -> Callable[[list[Any]], Sequence[Any]]:
+    """Token vectors: a multi-vector model's (items are (text, is_query): it tokenises with its markers), or an
+    encoder's final states (items are token ids, as /embed's)."""
+    pipeline = model.pipeline("embed_all")
+    if hasattr(pipeline, "maxsim"):
+        def run_multi_vector(items: list[tuple[str, bool]]) -> list[Any]:
+            out: list[Any] = [None] * len(items)
+            for flag in (True, False):
+                rows = [i for i, (_, is_query) in enumerate(items) if is_query is flag]
+                if rows:
+                    for i, vectors in zip(rows, pipeline.encode([items[i][0] for i in rows], is_query=flag)):
+                        out[i] = vectors
+            return out
+
+        return run_multi_vector
+
+    def run_states(items: list[tuple[list[int], list[int]]]) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        for indices, states, packing in pipeline.engine.run([ids for ids, _ in items], [t for _, t in items]):
+            starts = packing.cu_seqlens.tolist()
+            for k, i in enumerate(indices.tolist()):
+                out[i] = states[starts[k]:starts[k + 1]].float().numpy().copy()
+        return out
+
+    return run_states
+
+
 RUNNERS = {"embed": _run_embed, "classify": _run_classify, "ner": _run_ner, "qa": _run_qa,
-           "fill-mask": _run_fill_mask}
+           "fill-mask": _run_fill_mask, "embed_sparse": _run_embed_sparse, "embed_all": _run_embed_all}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +253,57 @@ async def embed(request: Request) -> JSONResponse:
     vectors, _ = await embed_texts(state, request, model, body.inputs, "inputs", truncate=body.truncate,
                                    dimensions=body.dimensions, normalize=body.normalize, prompt_name=body.prompt_name)
     return JSONResponse(vectors.tolist())
+
+
+def with_prompt(pipeline: Any, texts: list[str], prompt_name: str | None) -> list[str]:
+    """The texts after the prompt ``prompt_name`` names (None: the pipeline's default prompt, if any); an unknown
+    name is a 422 listing the model's prompts."""
+    try:
+        prompt = pipeline.prompt_of(None, prompt_name) if hasattr(pipeline, "prompt_of") else None
+    except InputError as exc:
+        raise ApiError(422, f"prompt_name: {exc}") from None
+    if prompt_name is not None and not hasattr(pipeline, "prompt_of"):
+        raise ApiError(422, "prompt_name: this model defines no prompts")
+    return [prompt + text for text in texts] if prompt else texts
+
+
+@endpoint("/embed_sparse", EmbedSparseRequest,
+          "Sparse (SPLADE) vectors (text-embeddings-inference): [[{index, value}]]")
+async def embed_sparse(request: Request) -> JSONResponse:
+    state, body, model = await begin(request, EmbedSparseRequest, "embed_sparse")
+    texts, single = texts_of(state, body.inputs, "inputs")
+    texts = with_prompt(model.pipeline("embed_sparse"), texts, body.prompt_name)
+    encodings = await tokenize(state, model, texts, max_length=model.max_length("embed_sparse"),
+                               truncate=body.truncate, names=[_name("inputs", i, single) for i in range(len(texts))])
+    rows = await run_sequences(state, request, model, "embed_sparse", encodings)
+    return JSONResponse([[{"index": int(c), "value": float(v)} for c, v in zip(*row)] for row in rows])
+
+
+@endpoint("/embed_all", EmbedAllRequest, "Every token's vector (text-embeddings-inference): [[[float]]]")
+async def embed_all(request: Request) -> JSONResponse:
+    state, body, model = await begin(request, EmbedAllRequest, "embed_all")
+    texts, single = texts_of(state, body.inputs, "inputs")
+    pipeline = model.pipeline("embed_all")
+    texts = with_prompt(pipeline, texts, body.prompt_name)
+    names = [_name("inputs", i, single) for i in range(len(texts))]
+    if hasattr(pipeline, "maxsim"):  # multi-vector: its own tokenisation (marker, query length), counted here
+        try:
+            tokens = await state.tokenizing(lambda: pipeline.tokenize(texts, is_query=body.is_query))
+        except InputError as exc:
+            raise ApiError(422, f"inputs: {exc}") from None
+        if tokens.truncated and not body.truncate:
+            raise ApiError(413, f"{tokens.truncated} of the inputs are longer than the {tokens.limit} tokens model "
+                                f"{model.name!r} reads: shorten them, or send \"truncate\": true to cut them")
+        rows = await state.run(request, model, "embed_all", [(text, body.is_query) for text in texts],
+                               [len(ids) for ids in tokens.ids])
+    else:
+        if body.is_query:
+            raise ApiError(422, f"is_query: model {model.name!r} is not a multi-vector model; its token states "
+                                "do not depend on it")
+        encodings = await tokenize(state, model, texts, max_length=model.max_length("embed_all"),
+                                   truncate=body.truncate, names=names)
+        rows = await run_sequences(state, request, model, "embed_all", encodings)
+    return JSONResponse([np.asarray(row, dtype=np.float32).tolist() for row in rows])
 
 
 @endpoint("/v1/embeddings", OpenAIEmbeddingRequest, "Embed texts (OpenAI's embeddings API)")

@@ -21,7 +21,7 @@ from ..tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-KINDS = ("embed", "rerank", "predict", "ner", "qa", "fill-mask")
+KINDS = ("embed", "rerank", "predict", "ner", "qa", "fill-mask", "embed_sparse", "embed_all")
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 FILL_MASK_TOKEN_BUDGET = 4096  # fill-mask runs a padded batch of its own (no engine budget to follow)
 
@@ -198,6 +198,13 @@ def load_served_model(path: str | Path | None, name: str | None = None, *, dtype
 
 
 def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> dict[str, Any]:
+    """The pipelines of every endpoint a model directory serves: an encoder embeds (and gives its token states at
+    /embed_all); a SPLADE SparseEncoder or any masked-LM gives sparse vectors (/embed_sparse, as
+    text-embeddings-inference's ``--pooling splade``) and fills masks; a multi-vector (PyLate) model gives its
+    token vectors at /embed_all; the heads serve their tasks."""
+    from ..embeddings.multi_vector import MultiVectorEmbedder, is_multi_vector_dir
+    from ..embeddings.sparse import SparseEmbedder
+    from ..st_format import is_sparse_encoder
     from ..tasks.classify import Classifier
     from ..tasks.embed import Embedder
     from ..tasks.fill_mask import FillMask
@@ -206,8 +213,10 @@ def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> 
     from ..tasks.rerank import Reranker
 
     pipelines: dict[str, Any] = {}
-    if task == "base":
-        pipelines["embed"] = Embedder.from_pretrained(root, **options)
+    if is_multi_vector_dir(root):
+        pipelines["embed_all"] = MultiVectorEmbedder.from_pretrained(root, **options)
+    elif task == "base":
+        pipelines["embed"] = pipelines["embed_all"] = Embedder.from_pretrained(root, **options)
     elif task == "sequence-classification":
         if config.num_labels == 1:
             pipelines["rerank"] = pipelines["predict"] = Reranker.from_pretrained(root, show_progress=False, **options)
@@ -217,8 +226,9 @@ def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> 
         pipelines["ner"] = EntityRecognizer.from_pretrained(root, show_progress=False, **options)
     elif task == "question-answering":
         pipelines["qa"] = QuestionAnswerer.from_pretrained(root, show_progress=False, **options)
-    elif task in ("masked-lm", "pretraining"):
+    elif task in ("masked-lm", "pretraining") or is_sparse_encoder(root):
         pipelines["fill-mask"] = FillMask.from_pretrained(root, allow_pickle=options["allow_pickle"])
+        pipelines["embed_sparse"] = SparseEmbedder.from_pretrained(root, **options)
     else:
         raise InputError(f"{root} is a {task} model, which no endpoint serves; serve an encoder (embed), a "
                          "classifier or cross-encoder (predict, rerank), a token classifier (ner), a QA model (qa) "

@@ -26,6 +26,22 @@ class EmbedRequest(_Request):
     model: Optional[str] = MODEL_FIELD
 
 
+class EmbedSparseRequest(_Request):
+    inputs: Texts
+    truncate: bool = False
+    prompt_name: Optional[str] = Field(None, description="a prompt the model names, put before every text")
+    model: Optional[str] = MODEL_FIELD
+
+
+class EmbedAllRequest(_Request):
+    inputs: Texts
+    truncate: bool = False
+    prompt_name: Optional[str] = Field(None, description="a prompt the model names, put before every text")
+    is_query: bool = Field(False, description="multi-vector (ColBERT) models: encode the inputs as queries (query "
+                                              "marker, expansion to the query length) rather than as documents")
+    model: Optional[str] = MODEL_FIELD
+
+
 class OpenAIEmbeddingRequest(_Request):
     input: Texts
     model: Optional[str] = MODEL_FIELD

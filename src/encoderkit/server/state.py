@@ -18,12 +18,13 @@ from .settings import ServerSettings
 
 # kind of endpoint -> the routes that serve it
 ROUTES = {"embed": ("/embed", "/v1/embeddings"), "rerank": ("/rerank",), "predict": ("/predict",), "ner": ("/ner",),
-          "qa": ("/qa",), "fill-mask": ("/fill-mask",)}
+          "qa": ("/qa",), "fill-mask": ("/fill-mask",), "embed_sparse": ("/embed_sparse",),
+          "embed_all": ("/embed_all",)}
 WHAT = {"embed": "embed", "rerank": "rerank", "predict": "classify", "ner": "tag entities", "qa": "answer questions",
-        "fill-mask": "fill masks"}
+        "fill-mask": "fill masks", "embed_sparse": "give sparse vectors", "embed_all": "give token vectors"}
 # a kind's work -> the batcher it goes through (rerank and predict both run the classifier on sequences)
 WORK = {"embed": "embed", "rerank": "classify", "predict": "classify", "ner": "ner", "qa": "qa",
-        "fill-mask": "fill-mask"}
+        "fill-mask": "fill-mask", "embed_sparse": "embed_sparse", "embed_all": "embed_all"}
 
 
 class ClientGone(Exception):
