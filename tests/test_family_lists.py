@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def named(text: str) -> set[str]:
     words = set(re.findall(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", text.lower()))
-    return {name for name in FAMILIES if name in words or name.replace("_", "") in words}  # nomic_bert: NomicBERT
+    # nomic_bert as NomicBERT, jina_embeddings_v3 as jina-embeddings-v3
+    return {name for name in FAMILIES if {name, name.replace("_", ""), name.replace("_", "-")} & words}
 
 
 @pytest.mark.parametrize("place", ["docstring", "help", "pyproject"])

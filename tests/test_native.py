@@ -24,7 +24,8 @@ transformers = pytest.importorskip("transformers")
 # The families whose layers the kernel runs: not MPNet, whose attention adds a relative-position bias
 # (test_a_relative_position_bias_stays_on_pytorch), nor the rotary ones (test_rotary_families_stay_on_pytorch)
 DECLINED = {"mpnet": "a relative position bias (MPNet)", "nomic_bert": "rotary or relative positions",
-            "gte": "rotary or relative positions", "eurobert": "pre-norm layers (ModernBERT, EuroBERT)"}
+            "gte": "rotary or relative positions", "eurobert": "pre-norm layers (ModernBERT, EuroBERT)",
+            "jina_embeddings_v3": "rotary or relative positions"}
 KERNEL_FAMILIES = [family for family in CONFIGS if family not in DECLINED]
 
 
@@ -109,7 +110,7 @@ def test_a_relative_position_bias_stays_on_pytorch(tmp_path):
     assert native.kernel_of(model) is None
 
 
-@pytest.mark.parametrize("family", ["nomic_bert", "gte", "eurobert"])
+@pytest.mark.parametrize("family", ["nomic_bert", "gte", "eurobert", "jina_embeddings_v3"])
 def test_rotary_families_stay_on_pytorch(family, tmp_path):
     """Rotary positions (and EuroBERT's pre-norm, RMSNorm, grouped-query layers) have no place in the kernel: it
     declines them, with the reason, and the engine's states still equal transformers'."""

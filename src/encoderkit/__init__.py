@@ -1,5 +1,5 @@
 """encoderkit: encoder-only transformers (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, ALBERT, ELECTRA, MPNet, ModernBERT, DeBERTa-v2/v3,
-NomicBERT, GTE, EuroBERT) in plain PyTorch."""
+NomicBERT, GTE, EuroBERT, jina-embeddings-v3) in plain PyTorch."""
 from .modeling.models import load_model, save_model
 from .config import FAMILIES, PRESETS, EncoderConfig, load_config, preset
 from .errors import CheckpointError, ConfigError, DataError, EncoderkitError, InputError, TokenizerError

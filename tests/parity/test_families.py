@@ -54,10 +54,13 @@ CONFIGS = {
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=37, max_position_embeddings=40, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         mask_token_id=3),
+    "jina_embeddings_v3": lambda: transformers.JinaEmbeddingsV3Config(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=40, type_vocab_size=2),
 }
 STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert", "mpnet": "MPNet",
          "distilbert": "DistilBert", "albert": "Albert", "electra": "Electra", "nomic_bert": "NomicBert", "gte": "Gte",
-         "eurobert": "EuroBert"}
+         "eurobert": "EuroBert", "jina_embeddings_v3": "JinaEmbeddingsV3"}
 WITHOUT_QA = ("nomic_bert", "gte", "eurobert")  # transformers has no *ForQuestionAnswering for these
 TASKS = {
     "base": "Model",

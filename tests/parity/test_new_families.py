@@ -1,7 +1,7 @@
-"""NomicBERT, GTE and EuroBERT against transformers beyond the shared family cases (test_families.py): every head
-on variants of each family's switches (rotary theta 10,000 and 160,000, GTE's linear rope scaling and missing
-segments, EuroBERT's 1, 2 and 4 key/value heads for 4 query heads, its three classifier poolings and a tied
-decoder), through the padded explicit path, the unpadded one and the engine, then saved and reloaded in
+"""NomicBERT, GTE, EuroBERT and jina-embeddings-v3 against transformers beyond the shared family cases
+(test_families.py): every head on variants of each family's switches (rotary theta 10,000 and 160,000, GTE's
+linear rope scaling and missing segments, EuroBERT's 1, 2 and 4 key/value heads for 4 query heads, its three
+classifier poolings and a tied decoder), through the padded explicit path, the unpadded one and the engine, then saved and reloaded in
 transformers; checkpoints that lack a tensor the family needs; configs encoderkit cannot run."""
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ def eurobert(theta: float, kv_heads: int, **switches):
         pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3, **switches)
 
 
+def jina(theta: float, **switches):
+    return lambda: transformers.JinaEmbeddingsV3Config(
+        **SHAPE, rope_parameters={"rope_type": "default", "rope_theta": theta}, **switches)
+
+
 VARIANTS = {
     "nomic_bert-theta10000": nomic(10_000.0),
     "nomic_bert-theta160000-one-segment": nomic(160_000.0, type_vocab_size=1),
@@ -42,15 +47,19 @@ VARIANTS = {
     "eurobert-kv1-late": eurobert(10_000.0, 1),
     "eurobert-kv2-mean-tied": eurobert(160_000.0, 2, classifier_pooling="mean", tie_word_embeddings=True),
     "eurobert-kv4-bos": eurobert(10_000.0, 4, classifier_pooling="bos"),
+    "jina_embeddings_v3-theta10000-segments": jina(10_000.0, type_vocab_size=2),
+    "jina_embeddings_v3-theta160000": jina(160_000.0),
 }
-STEMS = {"nomic_bert": "NomicBert", "gte": "Gte", "eurobert": "EuroBert"}
+STEMS = {"nomic_bert": "NomicBert", "gte": "Gte", "eurobert": "EuroBert", "jina_embeddings_v3": "JinaEmbeddingsV3"}
 TASKS = {"base": "Model", "masked-lm": "ForMaskedLM", "sequence-classification": "ForSequenceClassification",
-         "token-classification": "ForTokenClassification"}
+         "token-classification": "ForTokenClassification", "question-answering": "ForQuestionAnswering"}
 # every head on one variant of each family; the others' switches on the encoder (and EuroBERT's poolings)
-ALL_HEADS = ("nomic_bert-theta10000", "gte-theta10000-segments", "eurobert-kv1-late")
+ALL_HEADS = ("nomic_bert-theta10000", "gte-theta10000-segments", "eurobert-kv1-late",
+             "jina_embeddings_v3-theta10000-segments")
 CASES = [(variant, task) for variant in VARIANTS for task in TASKS
-         if variant in ALL_HEADS or task in ("base", "masked-lm")
-         or (variant.startswith("eurobert") and task == "sequence-classification")]
+         if (task != "question-answering" or variant.startswith("jina"))  # the others have no QA in transformers
+         and (variant in ALL_HEADS or task in ("base", "masked-lm")
+              or (variant.startswith("eurobert") and task == "sequence-classification"))]
 LENGTHS = [23, 17, 9, 4, 1]  # a padded batch of mixed lengths, one of a single token
 
 
@@ -89,7 +98,7 @@ def test_every_head_equals_transformers_and_round_trips(variant: str, task: str,
 
 
 @pytest.mark.parametrize("variant", ["nomic_bert-theta10000", "gte-theta160000-linear2-no-segments",
-                                     "eurobert-kv2-mean-tied"])
+                                     "eurobert-kv2-mean-tied", "jina_embeddings_v3-theta10000-segments"])
 def test_engine_and_int8_follow_the_padded_forward(variant: str, tmp_path) -> None:
     """The engine (packed sequences, never padded) gives transformers' states; its int8 model stays near them."""
     from encoderkit.engine import engine_for
@@ -121,6 +130,7 @@ def test_engine_and_int8_follow_the_padded_forward(variant: str, tmp_path) -> No
     ("gte-theta10000-segments", "encoder.layer.0.attention.qkv_proj.bias"),
     ("eurobert-kv2-mean-tied", "layers.1.self_attn.k_proj.weight"),
     ("eurobert-kv1-late", "norm.weight"),
+    ("jina_embeddings_v3-theta160000", "emb_ln.weight"),
 ])
 def test_a_checkpoint_without_a_needed_tensor_is_refused(variant: str, removed: str, tmp_path) -> None:
     from safetensors.torch import load_file, save_file
