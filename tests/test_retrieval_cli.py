@@ -125,7 +125,8 @@ def test_sparse_index_search_and_eval_with_a_splade_model(tmp_path: Path, splade
                                                           capsys) -> None:
     sparse = pytest.importorskip("encoderkit.embeddings.sparse")
     docs = write_jsonl(tmp_path / "docs.jsonl", DEMO_SENTENCES)
-    assert main(["index", str(docs), "--kind", "sparse", "--model", str(splade_dir), "--out", str(tmp_path / "sp")]) == 0
+    assert main(["index", str(docs), "--kind", "sparse", "--model", str(splade_dir), "--out",
+                 str(tmp_path / "sp")]) == 0
     index = load_index(tmp_path / "sp")
     assert isinstance(index, SparseIndex) and index.info["model"] == str(splade_dir)
     embedder = sparse.SparseEmbedder.from_pretrained(splade_dir)

@@ -347,7 +347,8 @@ def _search_retrieval_index(index_dir: str | Path, query: str, fetch: int, *, mo
         index.settings.nprobe = nprobe
     if model is not None:
         if kind in ("bm25", "hybrid"):
-            why = "BM25 scores the texts themselves" if kind == "bm25" else "each part encodes with the model it records"
+            why = ("BM25 scores the texts themselves" if kind == "bm25"
+                   else "each part encodes with the model it records")
             raise InputError(f"--model does not apply to a {kind} index ({why}); leave it out")
         check_model(index.info.get("model"), model_root(model), where=str(index_dir))
     queries = encode_queries(index, [query], prompt=prompt, prompt_name=prompt_name,

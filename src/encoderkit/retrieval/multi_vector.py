@@ -265,7 +265,8 @@ class MultiVectorIndex:
         first = np.ones(len(docs), bool)
         first[1:] = (docs[1:] != docs[:-1]) | (query_token[1:] != query_token[:-1])
         docs, values = docs[first], values[first]
-        unique, starts = np.unique(docs, return_index=True)
+        starts = np.flatnonzero(np.concatenate([[True], docs[1:] != docs[:-1]]))  # docs are sorted
+        unique = docs[starts]
         approximate = np.add.reduceat(values, starts) if len(values) else np.zeros(0, np.float32)
         if len(unique) > settings.rerank_depth:
             _, unique = top_k(approximate.astype(np.float32), unique, settings.rerank_depth)

@@ -302,7 +302,8 @@ def _union(parts: list[np.ndarray], count: int) -> np.ndarray:
     """The distinct rows of several posting lists: by a mask over all documents where they are many."""
     total = sum(len(p) for p in parts)
     if total * 8 < count:
-        return np.unique(np.concatenate(parts))
+        rows = np.sort(np.concatenate(parts))
+        return rows[np.concatenate([[True], rows[1:] != rows[:-1]])]
     mask = np.zeros(count, bool)
     for part in parts:
         mask[part] = True
