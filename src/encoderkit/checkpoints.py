@@ -103,8 +103,22 @@ def _alternative_heads(config: EncoderConfig, state: dict[str, torch.Tensor] | N
 # ---------------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------------
+_LEGACY_SUFFIXES = {"gamma": "weight", "beta": "bias"}  # LayerNorm parameters under TensorFlow-era names
+
+
 def read_state_dict(directory: Path, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors of a checkpoint directory: safetensors (single or sharded), or an opted-in .bin."""
+    """The tensors of a checkpoint directory: safetensors (single or sharded), or an opted-in .bin. LayerNorm
+    parameters named ``gamma``/``beta`` (old BERT checkpoints; transformers 5.0-5.3 still write them so) are read as
+    ``weight``/``bias``, as transformers reads them."""
+    state = _read_tensors(directory, allow_pickle)
+    renamed = {}
+    for key, value in state.items():
+        stem, _, last = key.rpartition(".")
+        renamed[f"{stem}.{_LEGACY_SUFFIXES[last]}" if stem and last in _LEGACY_SUFFIXES else key] = value
+    return renamed
+
+
+def _read_tensors(directory: Path, allow_pickle: bool) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ from ..errors import InputError
 from .options import max_length_option, model_option, out_option, restart_option, seed_option
 
 LOSS_HELP = ("dense: mnrl (default) | cached-mnrl | cosent | cosine | softmax | triplet; "
-             "sparse: splade (default)")
+             "sparse: splade (default); multi-vector: maxsim (default)")
 
 
 def parse_dims(text: str | None) -> list[int] | None:
@@ -27,8 +27,11 @@ def parse_dims(text: str | None) -> list[int] | None:
 @model_option("the model to fine-tune: a directory or name (default: the default model)")
 @click.option("--train", "train_file", required=True, help="TSV/CSV/JSONL: anchor,positive[,negative...] | "
               "sentence1,sentence2,score | premise,hypothesis,label")
-@click.option("--kind", type=click.Choice(["dense", "sparse"]), default="dense", show_default=True,
-              help="dense: one vector (pooled); sparse: SPLADE term weights from the MLM head (the model needs one)")
+@click.option("--kind", type=click.Choice(["dense", "sparse", "multi-vector"]), default="dense", show_default=True,
+              help="dense: one vector (pooled); sparse: SPLADE term weights from the MLM head (the model needs one); "
+                   "multi-vector: ColBERT token vectors scored by MaxSim (PyLate's format)")
+@click.option("--dimension", type=int, default=128, show_default=True,
+              help="multi-vector: the width of the token vectors (a new projection when the model has none)")
 @click.option("--loss", default=None, help=LOSS_HELP)
 @click.option("--query-regularizer-weight", type=float, default=5e-5, show_default=True,
               help="splade: weight of the queries' FLOPS regulariser (higher: sparser query vectors)")
@@ -54,18 +57,19 @@ def parse_dims(text: str | None) -> list[int] | None:
 @seed_option(42)
 @max_length_option()
 @restart_option("ignore the checkpoints of an interrupted run in --out")
-def train_embedder_cmd(model: str | None, train_file: str, kind: str, loss: str | None,
+def train_embedder_cmd(model: str | None, train_file: str, kind: str, dimension: int, loss: str | None,
                        query_regularizer_weight: float, document_regularizer_weight: float,
                        query_prompt: str | None, document_prompt: str | None, matryoshka: str | None, valid: str | None,
                        epochs: float, batch_size: int, mini_batch_size: int, lr: float, warmup_ratio: float,
                        eval_every: int, save_every: int, device: str, out_dir: str, seed: int,
                        max_length: int | None, restart: bool) -> None:
-    """Fine-tune a model into a sentence embedder with an SBERT loss (--kind sparse: a SPLADE encoder)."""
+    """Fine-tune a model into a sentence embedder with an SBERT loss (--kind sparse: a SPLADE encoder; --kind
+    multi-vector: a ColBERT model)."""
     import sys
 
     from ..training.sentence import KIND_LOSSES, EmbedderRecipe, train_embedder
 
-    recipe = EmbedderRecipe(loss=loss or KIND_LOSSES[kind][0], kind=kind,
+    recipe = EmbedderRecipe(loss=loss or KIND_LOSSES[kind][0], kind=kind, multi_vector_dimension=dimension,
                             query_regularizer_weight=query_regularizer_weight,
                             document_regularizer_weight=document_regularizer_weight, query_prompt=query_prompt,
                             document_prompt=document_prompt, epochs=epochs, batch_size=batch_size, learning_rate=lr,

@@ -50,7 +50,7 @@ SHAPE_HELP = {
     LABELLED_PAIR: "premise, hypothesis, label",
 }
 LOSS_SHAPES = {"mnrl": ANCHOR_POSITIVE, "cached-mnrl": ANCHOR_POSITIVE, "triplet": ANCHOR_POSITIVE,
-               "splade": ANCHOR_POSITIVE, "cosine": SCORED_PAIR, "cosent": SCORED_PAIR, "softmax": LABELLED_PAIR}
+               "splade": ANCHOR_POSITIVE, "maxsim": ANCHOR_POSITIVE, "cosine": SCORED_PAIR, "cosent": SCORED_PAIR, "softmax": LABELLED_PAIR}
 # (low, high) inclusive score range per loss; None: any finite real
 SCORE_RANGES: dict[str, tuple[float, float] | None] = {"cosine": (0.0, 1.0), "cosent": None}
 _NEGATIVE = re.compile(r"^negative(?:_(\d+))?$")

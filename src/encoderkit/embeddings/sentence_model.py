@@ -76,7 +76,10 @@ class SentenceModel(nn.Module):
         gets mean pooling without normalisation (what ``SentenceTransformer(dir)`` builds for it)."""
         from ..modeling.models import load_model
 
+        from ..tasks.embed import refuse_other_kinds
+
         resolved = resolve_model(path)
+        refuse_other_kinds(resolved.root)
         encoder = load_model(resolved.root, task="base")
         tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
         info = resolved.sentence_transformer

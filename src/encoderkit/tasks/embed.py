@@ -99,6 +99,7 @@ class Embedder:
         from ..modeling.models import load_model
 
         resolved = resolve_model(path)
+        refuse_other_kinds(resolved.root)
         model = load_model(resolved.root, task="base", allow_pickle=allow_pickle)
         tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
         info = resolved.sentence_transformer
@@ -214,6 +215,20 @@ class Embedder:
         for a caller that tokenises anyway (the server counts tokens and checks lengths before queueing)."""
         return self.engine.pooled(ids, types, pooling=self.pooling, max_batch_size=batch_size, progress=progress,
                                   lanes=lanes)
+
+
+def refuse_other_kinds(root: Path) -> None:
+    """An InputError where ``root`` holds a sparse (SPLADE) or multi-vector (ColBERT) model, whose texts are not one
+    pooled vector: pooling its encoder's states would give vectors it was never trained to give."""
+    from ..embeddings.multi_vector import is_multi_vector_dir
+    from ..st_format import is_sparse_encoder
+
+    if is_sparse_encoder(root):
+        raise InputError(f"{root} is a sparse (SPLADE) encoder: it gives term weights, not one dense vector; use "
+                         "SparseEmbedder, `encoderkit index --kind sparse` or the server's /embed_sparse")
+    if is_multi_vector_dir(root):
+        raise InputError(f"{root} is a multi-vector (ColBERT) model: it gives a vector per token, not one per text; "
+                         "use MultiVectorEmbedder, `encoderkit index --kind multi-vector` or the server's /embed_all")
 
 
 def pick_prompt(prompts: dict[str, str], name: str) -> str:

@@ -52,13 +52,14 @@ from .trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-LOSSES = ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet", "splade")
+LOSSES = ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet", "splade", "maxsim")
 LOSS_HEAD_FILE = "loss_head.pt"
-GATHERING_LOSSES = ("mnrl", "cached-mnrl", "cosent", "splade")  # their value depends on the other examples of the batch
-# What train-embedder trains: one dense vector (SentenceModel), SPLADE sparse vectors (SparseModel); and the losses
-# each kind takes (the first is its default).
-KIND_LOSSES = {"dense": ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet"), "sparse": ("splade",)}
-NO_DUPLICATE_BATCHES = ("mnrl", "cached-mnrl", "splade")  # in-batch negatives: batches without repeated texts
+GATHERING_LOSSES = ("mnrl", "cached-mnrl", "cosent", "splade", "maxsim")  # their value depends on the other examples of the batch
+# What train-embedder trains: one dense vector (SentenceModel), SPLADE sparse vectors (SparseModel), ColBERT token
+# vectors (MultiVectorModel); and the losses each kind takes (the first is its default).
+KIND_LOSSES = {"dense": ("mnrl", "cached-mnrl", "cosent", "cosine", "softmax", "triplet"), "sparse": ("splade",),
+               "multi-vector": ("maxsim",)}
+NO_DUPLICATE_BATCHES = ("mnrl", "cached-mnrl", "splade", "maxsim")  # in-batch negatives: batches without repeated texts
 
 
 def _column_keys(index: int) -> dict[str, str]:
@@ -96,7 +97,7 @@ class EmbedderTraining(nn.Module):
             loss = self.loss(*columns, duplicates=batch["duplicates"])
         else:
             vectors = [self.model(**column) for column in columns]
-            if self.loss_name in ("mnrl", "splade"):
+            if self.loss_name in ("mnrl", "splade", "maxsim"):
                 loss = self.loss(*vectors, duplicates=batch["duplicates"])
             elif self.loss_name in ("cosent", "cosine"):
                 loss = self.loss(*vectors, batch["scores"])
@@ -125,6 +126,15 @@ class EmbedderTraining(nn.Module):
 
         directory = Path(directory)
         load_weights(self.model.encoder, directory)
+        projection = getattr(self.model, "projection", None)
+        if projection is not None:  # a multi-vector model's projection, in 1_Dense/
+            from ..embeddings.multi_vector import read_multi_vector_dir
+
+            with torch.no_grad():
+                for layer, (weight, bias) in zip(projection, read_multi_vector_dir(directory).layers):
+                    layer.weight.copy_(weight)
+                    if bias is not None:
+                        layer.bias.copy_(bias)
         if (directory / LOSS_HEAD_FILE).is_file():
             head = torch.load(directory / LOSS_HEAD_FILE, map_location="cpu", weights_only=True)
             self.loss.load_state_dict(head, strict=False)
@@ -151,6 +161,27 @@ class _ModelEncoder:
         return np.concatenate(parts) if parts else np.zeros((0, self.model.dimension), dtype=np.float32)
 
 
+def _multi_vector_retrieval(model: nn.Module, queries: dict[str, str], corpus: dict[str, str],
+                            qrels: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Retrieval metrics of a MultiVectorModel: every query scored against every document by MaxSim."""
+    from ..embeddings.evaluation import retrieval_metrics
+    from ..embeddings.multi_vector import maxsim
+
+    def encode(texts: list[str], is_query: bool) -> list[np.ndarray]:
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(texts), 64):
+                batch = model.tokenize(texts[start:start + 64], is_query)
+                device = next(model.parameters()).device
+                vectors, mask = model(**{k: v.to(device) for k, v in batch.items()}, is_query=is_query)
+                out.extend(v[m].float().cpu().numpy() for v, m in zip(vectors, mask))
+        return out
+
+    query_ids, doc_ids = list(queries), list(corpus)
+    scores = maxsim(encode([queries[q] for q in query_ids], True), encode([corpus[d] for d in doc_ids], False))
+    return retrieval_metrics({q: dict(zip(doc_ids, row.tolist())) for q, row in zip(query_ids, scores)}, qrels)
+
+
 def _validation(valid: str | Path, loss: str, labels: dict[str, int] | None) -> tuple[str, Any]:
     """(metric name, evaluate function of the SentenceModel) for a validation file."""
     from ..embeddings.evaluation import evaluate_retrieval, sts_spearman, triplet_accuracy
@@ -175,6 +206,9 @@ def _validation(valid: str | Path, loss: str, labels: dict[str, int] | None) -> 
         corpus_texts = {doc: text for text, doc in corpus.items()}
 
         def retrieval(model: nn.Module) -> dict[str, float]:
+            if hasattr(model, "projection"):
+                metrics = _multi_vector_retrieval(model, query_texts, corpus_texts, qrels)
+                return {k.replace("@", "_at_"): v for k, v in metrics.items()}
             encoder = _ModelEncoder(model)  # sparse: vocabulary-wide rows, so the corpus is scored in small chunks
             metrics = evaluate_retrieval(encoder, query_texts, corpus_texts, qrels, batch_size=64,
                                          corpus_chunk_size=512 if encoder.dot else 16384)
@@ -228,7 +262,7 @@ class EmbedderRecipe:
     mini_batch_size: int = 32
     pooling: str | None = None
     normalize: bool | None = None
-    scale: float = 20.0
+    scale: float | None = None  # the loss's scale (inverse temperature); None: 20 for cosine losses, 1 for maxsim
     triplet_margin: float = 5.0
     max_steps: int | None = None
     eval_every: int = 0
@@ -240,6 +274,7 @@ class EmbedderRecipe:
     gather_across_processes: bool | None = None
     query_regularizer_weight: float = 5e-5  # splade: FLOPS weights (sentence-transformers' SPLADE examples' values)
     document_regularizer_weight: float = 3e-5
+    multi_vector_dimension: int = 128  # multi-vector: the token vectors' width (ColBERT's 128)
     # Prepended to the anchors (query) and to the other columns (document) while training, and written into the
     # model's config_sentence_transformers.json as its "query" and "document" prompts, so that it is used with them.
     query_prompt: str | None = None
@@ -285,33 +320,46 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         from ..embeddings.sparse import SparseModel
 
         model: Any = SparseModel.from_pretrained(model_dir, max_length=r.max_length)
+    elif r.kind == "multi-vector":
+        from ..embeddings.multi_vector import MultiVectorModel
+
+        lengths = {"document_length": r.max_length} if r.max_length else {}
+        model = MultiVectorModel.from_pretrained(model_dir, dimension=r.multi_vector_dimension, seed=seed, **lengths)
     else:
         model = SentenceModel.from_pretrained(model_dir, pooling=r.pooling, normalize=r.normalize,
                                               max_length=r.max_length)
     trained_prompts = {name: text for name, text in (("query", r.query_prompt), ("document", r.document_prompt))
                        if text}
-    if trained_prompts:
+    if trained_prompts and r.kind == "multi-vector":
+        model.settings = model.settings.with_overrides(prompts={**model.settings.prompts, **trained_prompts})
+    elif trained_prompts:
         model.prompts = {**getattr(model, "prompts", {}), **trained_prompts}
     if matryoshka_dims:
         too_big = [d for d in matryoshka_dims if d > model.dimension]
         if too_big:
             raise InputError(f"Matryoshka dims {too_big} exceed the model's dimension {model.dimension}")
 
+    cosine_scale = 20.0 if r.scale is None else r.scale
+
     def wrap(inner: nn.Module) -> nn.Module:
         return L.MatryoshkaLoss(inner, matryoshka_dims) if matryoshka_dims else inner
 
     if loss == "mnrl":
-        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=r.scale, gather_across_processes=gather))
+        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=cosine_scale,
+                                                                     gather_across_processes=gather))
     elif loss == "cached-mnrl":
         loss_module = L.CachedMultipleNegativesRankingLoss(
             model, mini_batch_size=r.mini_batch_size,
-            loss=wrap(L.MultipleNegativesRankingLoss(scale=r.scale, gather_across_processes=gather)))
+            loss=wrap(L.MultipleNegativesRankingLoss(scale=cosine_scale, gather_across_processes=gather)))
     elif loss == "cosent":
-        loss_module = wrap(L.CoSENTLoss(scale=r.scale, gather_across_processes=gather))
+        loss_module = wrap(L.CoSENTLoss(scale=cosine_scale, gather_across_processes=gather))
     elif loss == "cosine":
         loss_module = wrap(L.CosineSimilarityLoss())
     elif loss == "softmax":
         loss_module = L.SoftmaxLoss(model.dimension, len(data.labels or {}))
+    elif loss == "maxsim":
+        loss_module = L.MaxSimMultipleNegativesRankingLoss(scale=1.0 if r.scale is None else r.scale,
+                                                           gather_across_processes=gather)
     elif loss == "splade":
         loss_module = L.SpladeLoss(r.query_regularizer_weight, r.document_regularizer_weight,
                                    gather_across_processes=gather)
@@ -331,7 +379,9 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         out: dict[str, torch.Tensor] = {}
         for index in range(columns):
             prompt = (r.query_prompt if index == 0 else r.document_prompt) or ""
-            batch = model.tokenize([prompt + e.texts[index] for e in rows]).model_inputs()
+            texts = [prompt + e.texts[index] for e in rows]
+            batch = model.tokenize(texts, index == 0) if r.kind == "multi-vector" else \
+                model.tokenize(texts).model_inputs()
             keys = _column_keys(index)
             out.update({keys[name]: value for name, value in batch.items()})
         return out
