@@ -26,7 +26,7 @@ it; encoderkit with torch 2.13.0), bench/results/pylate_parity.json: every vecto
 largest difference 1.0e-7 (queries without expansion), 4.5e-8 (documents), 0 (queries with expansion, attended or
 not); MaxSim scores 1.9e-6; the Contrastive loss 2.1446590 (PyLate) against 2.1446588 (2.4e-7); PyLate's reading of
 encoderkit's directory 0 (queries) and 7.5e-8 (documents). transformers 5.3 saves BERT's LayerNorm parameters as
-``gamma`` / ``beta``, which encoderkit's loader does not read yet: ``compare`` renames them in a copy first.
+``gamma`` / ``beta``, which encoderkit's loader reads as ``weight`` / ``bias``, as transformers does.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def compare(out: Path) -> dict:
 
     ref = json.loads((out / "reference.json").read_text(encoding="utf-8"))
     report: dict = {"pylate": ref["pylate"], "torch_pylate_side": ref["torch"], "settings": {}}
-    pylate_dir = _with_layer_norm_names(out / "pylate-colbert", out / "pylate-colbert-renamed")
+    pylate_dir = out / "pylate-colbert"
     for name, overrides in SETTINGS.items():
         embedder = MultiVectorEmbedder.from_pretrained(pylate_dir, **overrides)
         queries = embedder.encode(QUERIES, is_query=True)
@@ -146,30 +146,26 @@ def compare(out: Path) -> dict:
         "query_vectors": _worst(embedder.encode(QUERIES, is_query=True), ref["encoderkit_dir"]["queries"]),
         "document_vectors": _worst(embedder.encode(DOCUMENTS, is_query=False), ref["encoderkit_dir"]["documents"])}
     print(json.dumps(report, indent=2))
-    results = Path(__file__).resolve().parent / "results" / "pylate_parity.json"
-    results.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    from common import write_result
+
+    write_result("pylate_parity", report)
     return report
 
 
-def _with_layer_norm_names(directory: Path, copy: Path) -> Path:
-    """``directory``, or where its weights name LayerNorm parameters ``gamma`` / ``beta`` (transformers 5.3, which
-    PyLate pins, writes BERT's that way; transformers reads them back under ``weight`` / ``bias``, encoderkit's
-    loader does not yet), a copy whose weights carry the current names, nothing else changed."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    state = load_file(str(directory / "model.safetensors"))
-    legacy = {".LayerNorm.gamma": ".LayerNorm.weight", ".LayerNorm.beta": ".LayerNorm.bias"}
-    if not any(key.endswith(tuple(legacy)) for key in state):
-        return directory
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(directory, copy)
-    renamed = {next((key[:-len(old)] + new for old, new in legacy.items() if key.endswith(old)), key): value
-               for key, value in state.items()}
-    save_file(renamed, str(copy / "model.safetensors"), metadata={"format": "pt"})
-    print(f"{directory}: LayerNorm gamma/beta renamed to weight/bias in {copy}")
-    return copy
+def render(r: dict) -> list[str]:
+    """BENCHMARKS.md's section: the largest differences against PyLate, per setting."""
+    rows = [f"| {name} | {v['query_vectors']:.1e} | {v['document_vectors']:.1e} | {v['maxsim_scores']:.1e} |"
+            for name, v in r["settings"].items()]
+    loss = r["contrastive_loss"]
+    read = r["encoderkit_dir_read_by_pylate"]
+    return ["## Multi-vector (ColBERT) parity with PyLate (bench/pylate_parity.py)", "",
+            f"PyLate {r['pylate']} (its own venv, torch {r['torch_pylate_side']}) against encoderkit on a tiny "
+            "random BERT ColBERT; largest absolute differences.", "",
+            "| setting | query vectors | document vectors | MaxSim scores |", "|---|---|---|---|", *rows, "",
+            f"- Contrastive loss: PyLate {loss['pylate']:.7f}, encoderkit {loss['encoderkit']:.7f} "
+            f"(difference {loss['difference']:.1e})",
+            f"- encoderkit's directory read by PyLate: queries {read['query_vectors']:.1e}, documents "
+            f"{read['document_vectors']:.1e}", ""]
 
 
 def _padded(column, length: int):
