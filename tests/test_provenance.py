@@ -394,3 +394,26 @@ def test_modern_families_verify_and_their_config_is_checked(family: str, tmp_pat
     report = check_provenance(directory)
     failing = {row["check"] for row in report.config_checks if not row["ok"]}
     assert report.verdict == "suspicious" and any(check.startswith("intermediate size") for check in failing)
+
+
+@pytest.mark.parametrize("family", ["nomic_bert", "eurobert"])
+def test_config_checks_read_tensors_stored_in_parts(family, tmp_path) -> None:
+    """NomicBERT's fc11/fc12 and EuroBERT's up/gate projections are one matrix to encoderkit and two in the
+    checkpoint: a real checkpoint passes, and one with a part cut short is named."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    shape = dict(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24)
+    config = (transformers.NomicBertConfig(**shape) if family == "nomic_bert"
+              else transformers.EuroBertConfig(**shape, num_key_value_heads=1, pad_token_id=0, bos_token_id=1,
+                                               eos_token_id=2, mask_token_id=3))
+    model = (transformers.NomicBertModel if family == "nomic_bert" else transformers.EuroBertModel)(config)
+    model.save_pretrained(tmp_path)
+    rows = check_provenance(tmp_path).config_checks
+    assert rows and all(row["ok"] for row in rows), [row for row in rows if not row["ok"]]
+    state = load_file(tmp_path / "model.safetensors")
+    part = next(k for k in state if k.endswith(("fc12.weight", "gate_proj.weight")))
+    state[part] = state[part][:-1]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    bad = [row for row in check_provenance(tmp_path).config_checks if not row["ok"]]
+    assert bad and part in str(bad)

@@ -188,3 +188,20 @@ def test_config_json_round_trips() -> None:
                        "is_decoder", "add_cross_attention", "torch_dtype", "_name_or_path"):
                 continue
             assert ours.get(key) == value, f"{variant}: {key} written as {ours.get(key)!r}, read {value!r}"
+
+
+@pytest.mark.parametrize("variant", ["eurobert-kv1-late", "eurobert-kv2-mean-tied", "eurobert-kv4-bos"])
+def test_the_packed_classifier_pools_as_transformers(variant: str, tmp_path, minilm_dir) -> None:
+    """The Classifier pipeline (packed batches, no padding) reads EuroBERT's classifier_pooling as transformers
+    does: the first token, the mean of the states, or ("late") the mean of every token's logits."""
+    from encoderkit.tasks.classify import Classifier
+    from encoderkit.tokenizer import Tokenizer
+
+    config, reference = reference_model(variant, "sequence-classification", tmp_path / "hf")
+    inputs = batch(config)
+    with torch.no_grad():
+        expected = reference(**inputs).logits
+    rows = [ids[:int(n)].tolist() for ids, n in zip(inputs["input_ids"], inputs["attention_mask"].sum(1))]
+    classifier = Classifier(load_model(tmp_path / "hf"), Tokenizer.from_pretrained(minilm_dir), show_progress=False)
+    logits, _ = classifier.logits_and_features_of_tokens(rows, None)
+    torch.testing.assert_close(torch.from_numpy(logits), expected, atol=1e-5, rtol=0)

@@ -69,7 +69,8 @@ class EncoderkitGroup(click.Group):
 @click.option("-v", "--verbose", count=True, help="more log output (-v info, -vv debug)")
 @click.version_option(package_name="encoderkit")
 def cli(verbose: int) -> None:
-    """encoderkit: encoder-only transformers (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, ALBERT, ELECTRA, MPNet, ModernBERT, DeBERTa-v2/v3)."""
+    """encoderkit: encoder-only transformers (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT, ALBERT, ELECTRA,
+    MPNet, ModernBERT, DeBERTa-v2/v3, NomicBERT, GTE, EuroBERT, jina-embeddings-v3)."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 

@@ -364,12 +364,23 @@ def _parse_safetensors(path: Path) -> tuple[list[TensorRecord], int, list[str]]:
 # ---------------------------------------------------------------------------------------------
 # Config vs weights
 # ---------------------------------------------------------------------------------------------
+def joined_shape(shapes: dict[str, tuple[int, ...]], hf_name: str) -> tuple[int, ...] | None:
+    """The shape of the tensor ``hf_name`` names: one checkpoint tensor's, or, for parts joined by ``+`` (NomicBERT's
+    fc11 + fc12), their concatenation along the first axis; None where a part is absent or the widths differ."""
+    from ..checkpoints import JOIN
+
+    parts = [shapes.get(part) for part in hf_name.split(JOIN)]
+    if any(shape is None for shape in parts) or len({tuple(shape[1:]) for shape in parts}) > 1:
+        return None
+    return (sum(shape[0] for shape in parts), *parts[0][1:])
+
+
 def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> list[dict[str, Any]]:
     """Compare tensor shapes (transformers' names, with or without the family prefix) with the shapes the
     config implies. Returns {"check", "expected", "found", "ok"} rows."""
     import torch
 
-    from ..checkpoints import transformers_name
+    from ..checkpoints import JOIN, transformers_name
     from ..modeling.models import build_model, task_from_architectures
 
     family = config.family
@@ -380,7 +391,7 @@ def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> lis
 
     def compare(check: str, ours: str, expected: tuple[int, ...]) -> None:
         hf_name = transformers_name(config, ours)
-        found = base.get(hf_name) if hf_name else None
+        found = joined_shape(base, hf_name) if hf_name else None
         rows.append({"check": check, "tensor": hf_name, "expected": list(expected),
                      "found": list(found) if found is not None else "absent",
                      "ok": found is not None and tuple(found) == tuple(expected)})
@@ -393,8 +404,9 @@ def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> lis
         compare("segment embeddings (type_vocab_size x embedding)", "embeddings.token_type.weight",
                 (config.type_vocab_size, width))
     query = "qkv" if family.fused_qkv else "query"  # ModernBERT's fused Wqkv, or BERT's query
+    kv_width = config.kv_heads * config.head_dim  # grouped-query attention: fewer key/value heads
     compare(f"hidden size ({query} projection)", f"layers.0.attention.{query}.weight",
-            ((3 if family.fused_qkv else 1) * hidden, hidden))
+            ((hidden + 2 * kv_width if family.fused_qkv else hidden), hidden))
     gated = 2 if family.mlp == "glu" else 1  # GeGLU's input projection holds the value and the gate
     compare("intermediate size (feed-forward in)", "layers.0.ffn_in.weight", (gated * config.intermediate_size, hidden))
     compare("intermediate size (feed-forward out)", "layers.0.ffn_out.weight", (hidden, config.intermediate_size))
@@ -421,10 +433,14 @@ def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> lis
         hf_name = transformers_name(config, ours)
         if hf_name is None or hf_name in named or hf_name in expected_layers:
             continue
-        if hf_name not in base:
-            absent.append(hf_name)
-        elif tuple(base[hf_name]) != tuple(tensor.shape):
-            misshaped.append(f"{hf_name} {list(base[hf_name])} (config implies {list(tensor.shape)})")
+        missing = [part for part in hf_name.split(JOIN) if part not in base]
+        if missing:
+            absent.extend(missing)
+            continue
+        joined = joined_shape(base, hf_name)
+        if joined != tuple(tensor.shape):
+            misshaped.append(f"{hf_name} {list(joined) if joined else 'parts of unequal widths'} "
+                             f"(config implies {list(tensor.shape)})")
     rows.append({"check": "other encoder tensors present", "tensor": None, "expected": "all",
                  "found": f"{len(absent)} absent" + (f": {', '.join(absent[:5])}" if absent else ""),
                  "ok": not absent})

@@ -79,8 +79,12 @@ class Classifier(TaskPipeline):
                     first = batch.first_tokens(hidden)  # [CLS]: (batch, hidden)
                     pooled = pooler(first) if pooler is not None else None
                     for name, head in heads.items():
-                        summary = first if head.pooling == "cls" else pool_packed(hidden, batch, head.pooling)
-                        out[name][indices] = head(summary, pooled).float().cpu().numpy()
+                        if head.pooling == "late":  # EuroBERT: every token's logits, averaged per sequence
+                            logits = pool_packed(head(hidden, pooled), batch, "mean")
+                        else:
+                            summary = first if head.pooling == "cls" else pool_packed(hidden, batch, head.pooling)
+                            logits = head(summary, pooled)
+                        out[name][indices] = logits.float().cpu().numpy()
                     if "cls" in found:
                         found["cls"][indices] = first.cpu().numpy()
                     if "pooled" in found:
