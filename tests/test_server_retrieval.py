@@ -110,3 +110,57 @@ def test_bad_retrieval_requests_are_4xx_and_the_server_goes_on(registry):
     assert codes == [422, 422, 400, 422, 413, 413, 422, 200], [(r.status_code, r.text[:200]) for r in responses]
     assert "nope" in responses[1].json()["error"] and "query" in responses[1].json()["error"]
     assert "/embed_all" in responses[2].json()["error"]  # what the model serves instead
+
+
+PASSAGES = ["Hamlet is a tragedy written by William Shakespeare.", "Bananas are rich in potassium.",
+            "Shakespeare wrote plays in London.", "The violin has four strings.", "Reset your password in settings."]
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory, dirs):
+    """A hybrid index of PASSAGES: SPLADE (the served "splade" model) fused with BM25, with its texts."""
+    from encoderkit.data.readers import Record
+    from encoderkit.retrieval import HybridIndex, load_index
+    from encoderkit.retrieval.texts import build_from_texts
+
+    root = tmp_path_factory.mktemp("hybrid")
+    texts = root / "texts.txt"
+    texts.write_text("".join(t + "\n" for t in PASSAGES), encoding="utf-8")
+    records = [Record(f"doc{i}", t) for i, t in enumerate(PASSAGES)]
+    build_from_texts("sparse", records, root / "sparse", model=dirs["splade"], info={"texts": str(texts)},
+                     show_progress=False)
+    build_from_texts("bm25", records, root / "bm25", info={"texts": str(texts)}, show_progress=False)
+    hybrid = HybridIndex({"sparse": load_index(root / "sparse"), "bm25": load_index(root / "bm25")},
+                         info={"texts": str(texts)})
+    return hybrid.save(root / "hybrid")
+
+
+def test_search_over_a_hybrid_index_shows_the_matched_terms(dirs, hybrid_dir):
+    from encoderkit.embeddings.sparse import SparseEmbedder
+    from encoderkit.retrieval import load_index, search_any
+
+    registry = ModelRegistry.load([("splade", dirs["splade"])], index=hybrid_dir)
+    query = "who wrote Hamlet"
+    response, with_model = call(registry, [("POST", "/search", {"query": query, "k": 3}),
+                                           ("POST", "/search", {"query": query, "model": "splade"})])
+    assert response.status_code == 200 and with_model.status_code == 422
+    hits = response.json()
+    index = load_index(hybrid_dir)
+    embedder = SparseEmbedder.from_pretrained(dirs["splade"])
+    vector = embedder.encode_query([query])
+    expected = search_any(index, {"sparse": vector, "bm25": [query]}, 3)
+    assert [h["id"] for h in hits] == expected.ids[0] and [h["text"] for h in hits] == \
+        [PASSAGES[int(i[3:])] for i in expected.ids[0]]
+    np.testing.assert_allclose([h["score"] for h in hits], expected.scores[0], rtol=1e-6)
+    # the terms explain the sparse part's score: their products sum to the query-document dot product
+    sparse = load_index(hybrid_dir / "parts" / "sparse")
+    own = set(embedder.tokenizer.encode_ids([query])[0][0])
+    for hit in hits:
+        row = sparse.ids.index(hit["id"])
+        document = SparseEmbedder.from_pretrained(dirs["splade"]).encode_document([PASSAGES[row]])
+        dot = float(vector.dot(document)[0, 0])
+        if len(hit["terms"]) < 20:  # all shown
+            assert sum(t["query_weight"] * t["document_weight"] for t in hit["terms"]) == pytest.approx(dot, rel=1e-5)
+        tokens = embedder.tokenizer.convert_ids_to_tokens(sorted(own))
+        assert all(t["expansion"] == (t["token"] not in tokens) for t in hit["terms"])
+    assert any(t["expansion"] for hit in hits for t in hit["terms"])  # SPLADE expands the query

@@ -468,3 +468,33 @@ def test_the_page_asks_for_the_api_key_and_sends_it(browser, task_models, tmp_pa
             page.wait_for_selector("#attention-output:not([hidden])")
             page.click("#fill-mask-panel button[type=submit]")
             page.wait_for_selector("#fill-mask-result li")
+
+
+# ----- a sparse index: the matched terms ---------------------------------------------------------------
+def test_search_panel_shows_the_matched_and_expanded_terms(browser, task_models, tmp_path_factory):
+    """A server whose index is SPLADE's (the masked-LM serves /embed_sparse): each hit lists the terms it shares
+    with the query as /search gives them, expansions (not among the query's tokens) marked."""
+    from encoderkit.data.readers import Record
+    from encoderkit.retrieval.texts import build_from_texts
+
+    root = tmp_path_factory.mktemp("sparse-studio")
+    texts = root / "texts.txt"
+    texts.write_text("\n".join(SEARCH_TEXTS) + "\n", encoding="utf-8")
+    build_from_texts("sparse", [Record(f"t{i}", t) for i, t in enumerate(SEARCH_TEXTS)], root / "index",
+                     model=task_models["mlm"], info={"texts": str(texts)}, show_progress=False)
+    with running_server([str(task_models["mlm"]), "--index", str(root / "index")], root) as url:
+        with open_page(browser, url, wait_for_map=False) as page:
+            page.fill("#search-query", "I forgot my password")
+            page.fill("#search-k", "2")
+            page.click("#search-panel button[type=submit]")
+            page.wait_for_selector("#search-result li >> nth=1")
+            hits = post(url + "/search", {"query": "I forgot my password", "k": 2})
+            shown = page.eval_on_selector_all("#search-result li", """items => items.map(item =>
+                [...item.querySelectorAll('.term')].map(t => [t.dataset.token, Number(t.dataset.product),
+                                                              t.classList.contains('expansion')]))""")
+            for hit, chips in zip(hits, shown):
+                assert [c[0] for c in chips] == [t["token"] for t in hit["terms"]] and chips
+                assert [c[1] for c in chips] == pytest.approx(
+                    [t["query_weight"] * t["document_weight"] for t in hit["terms"]], rel=1e-6)
+                assert [c[2] for c in chips] == [t["expansion"] for t in hit["terms"]]
+            assert any(c[2] for chips in shown for c in chips)  # expansion terms are shown as such

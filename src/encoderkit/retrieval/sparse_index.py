@@ -267,6 +267,19 @@ class SparseIndex:
     def save(self, directory: str | Path) -> Path:
         return copy_directory(self.directory, Path(directory))
 
+    def matched_terms(self, query: SparseVectors, row: int) -> list[tuple[int, float, float]]:
+        """(term, query weight, document weight) of each term the first query shares with document ``row``,
+        largest product first: why the document scored (their products sum to its score). A term's postings are
+        ascending rows, so each lookup is a binary search."""
+        terms, values = query.row(0)
+        shared = []
+        for term, value in zip(terms.tolist(), values.tolist()):
+            begin, end = int(self.indptr[term]), int(self.indptr[term + 1])
+            at = begin + int(np.searchsorted(self.docs[begin:end], row))
+            if at < end and int(self.docs[at]) == row:
+                shared.append((term, value, float(self.weights[at])))
+        return sorted(shared, key=lambda t: -t[1] * t[2])
+
     def search(self, queries: SparseVectors, k: int = 10, *, model: str | None = None) -> SearchResult:
         """The k documents of highest dot product with each query (SparseVectors over the same vocabulary)."""
         check_queries(self.kind, queries)

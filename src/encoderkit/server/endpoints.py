@@ -16,11 +16,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from ..errors import InputError
+from ..retrieval.base import DENSE_KINDS, search_any
 from ..tasks.pipeline import softmax
 from ..tasks.rerank import activate, distinct, ranked
 from .errors import ApiError, describe_validation_errors
 from .registry import ServedModel
-from .schemas import (EmbedAllRequest, EmbedRequest, EmbedSparseRequest, FillMaskRequest, NerRequest, OpenAIEmbeddingRequest, PredictRequest, QaRequest,
+from .schemas import (EmbedAllRequest, EmbedRequest, EmbedSparseRequest, FillMaskRequest, NerRequest,
+                      OpenAIEmbeddingRequest, PredictRequest, QaRequest,
                       RerankRequest, SearchRequest, TokenizeRequest)
 from .state import ClientGone, ServerState, client_gone_response
 
@@ -255,6 +257,22 @@ async def embed(request: Request) -> JSONResponse:
     return JSONResponse(vectors.tolist())
 
 
+MATCHED_TERMS_SHOWN = 20
+
+
+def _matched_terms(state: ServerState, found: Any, sparse: tuple[str, Any, Any], text: str, row: int
+                   ) -> list[dict[str, Any]]:
+    """The terms a sparse query shares with document ``row`` (largest contribution first), each with its weights,
+    its token, and whether it is an expansion (a term of the query's vector that is not one of its own tokens)."""
+    name, part, query = sparse
+    tokenizer = state.registry.get(found.encoders[name]).pipeline("embed_sparse").tokenizer
+    own = set(tokenizer.encode_ids([text])[0][0])
+    terms = part.matched_terms(query, row)[:MATCHED_TERMS_SHOWN]
+    tokens = tokenizer.convert_ids_to_tokens([term for term, _, _ in terms])
+    return [{"token": token or str(term), "query_weight": q, "document_weight": d, "expansion": term not in own}
+            for token, (term, q, d) in zip(tokens, terms)]
+
+
 def with_prompt(pipeline: Any, texts: list[str], prompt_name: str | None) -> list[str]:
     """The texts after the prompt ``prompt_name`` names (None: the pipeline's default prompt, if any); an unknown
     name is a 422 listing the model's prompts."""
@@ -482,16 +500,28 @@ async def search(request: Request) -> JSONResponse:
         raise ApiError(422, f"k: must be between 1 and {MAX_SEARCH_K}, found {body.k}")
     if not body.query:
         raise ApiError(422, "query: the text is empty")
-    model = state.model_for("embed", body.model or found.model)
-    vectors, _ = await embed_texts(state, request, model, body.query, "query", truncate=True, dimensions=None,
-                                   normalize=False)
-    if model.config.hidden_size != found.index.dimension:
-        raise ApiError(400, f"model {model.name!r} gives {model.config.hidden_size}-dim vectors but the index holds "
-                            f"{found.index.dimension}-dim ones; search with {found.model!r}")
-    result = await state.in_worker(found.index.search, vectors, body.k)
+    if found.index.kind in DENSE_KINDS:
+        model = state.model_for("embed", body.model or found.model)
+        vectors, _ = await embed_texts(state, request, model, body.query, "query", truncate=True, dimensions=None,
+                                       normalize=False)
+        if model.config.hidden_size != found.index.dimension:
+            raise ApiError(400, f"model {model.name!r} gives {model.config.hidden_size}-dim vectors but the index "
+                                f"holds {found.index.dimension}-dim ones; search with {found.model!r}")
+        result = await state.in_worker(found.index.search, vectors, body.k)
+    else:  # bm25, sparse, multi-vector, hybrid: each part's query from the model the index was matched with
+        if body.model is not None:
+            raise ApiError(422, f"model: a {found.index.kind} index encodes its queries with the models it was "
+                                "built with; leave the field out")
+        queries = await state.in_worker(found.encode_query, state.registry, body.query)
+        result = await state.in_worker(search_any, found.index, queries, body.k)
+    sparse = [(name, part, queries[name] if name else queries) for name, part in found.parts.items()
+              if part.kind == "sparse"] if found.index.kind not in DENSE_KINDS else []
     hits = []
     for score, row in zip(result.scores[0], result.indices[0]):
         if row >= 0:
-            hits.append({"id": found.index.ids[row], "text": found.texts[row] if found.texts else None,
-                         "score": float(score)})
+            hit = {"id": found.index.ids[row], "text": found.texts[row] if found.texts else None,
+                   "score": float(score)}
+            if sparse:  # which terms matched: the query's own tokens, and the terms its vector expanded to
+                hit["terms"] = await state.in_worker(_matched_terms, state, found, sparse[0], body.query, int(row))
+            hits.append(hit)
     return JSONResponse(hits)

@@ -80,14 +80,44 @@ class ServedModel:
         return facts
 
 
+# an index kind -> the pipeline kind that encodes its queries (bm25 takes the text itself)
+QUERY_PIPELINES = {"sparse": "embed_sparse", "multi-vector": "embed_all"}
+
+
 @dataclass
 class SearchIndex:
-    """A saved vector index, its texts when the index recorded them, and the model its queries are embedded with."""
+    """A saved index of any kind (dense, bm25, sparse, multi-vector, hybrid), its texts when the index recorded
+    them, and the served model that encodes the queries of the index (``model``, dense) or of each of its parts
+    (``encoders``: part name, "" for a single index -> served model name)."""
 
     path: Path
-    index: Any  # tasks.search.VectorIndex
-    model: str
+    index: Any  # tasks.search.VectorIndex, or an encoderkit.retrieval index
+    model: str | None
     texts: list[str] | None = None
+    encoders: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        return dict(self.index.parts) if self.index.kind == "hybrid" else {"": self.index}
+
+    def encode_query(self, registry: "ModelRegistry", text: str) -> Any:
+        """What ``retrieval.search_any`` takes for ``text``: each part's query, encoded by its served model (run on
+        the compute thread)."""
+        from ..retrieval.base import DENSE_KINDS
+
+        def one(name: str, part: Any) -> Any:
+            if part.kind == "bm25":
+                return [text]
+            served = registry.get(self.encoders[name])
+            if part.kind == "sparse":
+                return served.pipeline("embed_sparse").encode_query([text])
+            if part.kind == "multi-vector":
+                return served.pipeline("embed_all").encode([text], is_query=True)
+            assert part.kind in DENSE_KINDS
+            return served.pipeline("embed").encode([text], truncate_dim=part.info.get("truncate_dim"))
+
+        queries = {name: one(name, part) for name, part in self.parts.items()}
+        return queries if self.index.kind == "hybrid" else queries[""]
 
 
 class ModelRegistry:
@@ -237,29 +267,46 @@ def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> 
 
 
 def load_search_index(directory: Path, registry: ModelRegistry) -> SearchIndex:
-    """A saved index, with the served embedder its queries go through: the one the index was built with if it
-    is served, else the first served embedder of the index's dimension."""
+    """A saved index of any kind, with the served model that encodes the queries of the index or of each of its
+    parts: the one it was built with if it is served, else the first served model of the kind and dimension."""
     from ..data.readers import iter_records
-    from ..tasks.search import VectorIndex
+    from ..retrieval.base import DENSE_KINDS, index_model, load_index
 
-    index = VectorIndex.load(directory)
-    embedders = registry.serving("embed")
-    built_with = index.info.get("model")
-    same = [n for n in embedders if built_with and str(registry.path(n).resolve()) == str(Path(built_with).resolve())]
-    fitting = [n for n in embedders if registry.get(n).config.hidden_size == index.dimension]
-    if not (same or fitting):
-        raise InputError(f"the index {directory} holds {index.dimension}-dim vectors, and no served embedding model "
-                         f"gives those (served embedders: {', '.join(embedders) or 'none'}); serve the model the "
-                         "index was built with")
-    texts = None
+    index = load_index(directory)
+    found = SearchIndex(directory, index, None)
+    for name, part in found.parts.items():
+        if part.kind == "bm25":
+            continue
+        kind = "embed" if part.kind in DENSE_KINDS else QUERY_PIPELINES[part.kind]
+        served = registry.serving(kind)
+        built_with = index_model(part)
+        same = [n for n in served if built_with and registry.path(n).resolve() == Path(built_with).resolve()]
+        fitting = [n for n in served if _encodes(registry.get(n).pipeline(kind), part)]
+        if not (same or fitting):
+            where = f"part {name!r} of the hybrid index {directory}" if name else f"the index {directory}"
+            raise InputError(f"{where} is a {part.kind} index of {part.dimension}-dim vectors built with "
+                             f"{built_with or 'an unknown model'}, and no served model encodes its queries (served "
+                             f"for {kind}: {', '.join(served) or 'none'}); serve the model it was built with")
+        found.encoders[name] = (same or fitting)[0]
+    found.model = found.encoders.get("")
     texts_path = index.info.get("texts")
     if texts_path and Path(texts_path).is_file():
         texts = [record.text for record in iter_records(texts_path)]
         if len(texts) != len(index):
             log.warning("%s holds %d texts for %d indexed vectors; search results will carry no text",
                         texts_path, len(texts), len(index))
-            texts = None
-    return SearchIndex(directory, index, (same or fitting)[0], texts)
+        else:
+            found.texts = texts
+    return found
+
+
+def _encodes(pipeline: Any, part: Any) -> bool:
+    """Whether ``pipeline`` gives the queries ``part`` holds: its kind of vectors, of its dimension."""
+    if part.kind == "multi-vector":
+        return hasattr(pipeline, "maxsim") and pipeline.dimension == part.dimension
+    if part.kind == "sparse":
+        return pipeline.dimension == part.dimension
+    return not hasattr(pipeline, "maxsim") and pipeline.model.config.hidden_size == part.dimension
 
 
 __all__ = ["DEFAULT_MODEL_NAME", "KINDS", "ModelRegistry", "SearchIndex", "ServedModel", "UnknownModel",

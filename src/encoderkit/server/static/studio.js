@@ -494,6 +494,23 @@
     return paragraph;
   }
 
+  function matchedTerms(terms) {
+    // A sparse (SPLADE) hit: the terms the query shares with the document, largest contribution first; terms the
+    // query's vector expanded to (not among its own tokens) are marked as expansions.
+    const box = el("div", {className: "terms", "aria-label": "matched terms"});
+    if (!terms.length) box.append(el("span", {className: "muted", text: "no sparse term in common"}));
+    for (const term of terms) {
+      const product = term.query_weight * term.document_weight;
+      box.append(el("span", {
+        className: term.expansion ? "term expansion" : "term",
+        "data-token": term.token, "data-product": String(product),
+        title: (term.expansion ? "expansion term; " : "query term; ") + "query weight " + fixed(term.query_weight, 3) +
+          " x document weight " + fixed(term.document_weight, 3),
+        text: term.token + " " + fixed(product, 2)}));
+    }
+    return box;
+  }
+
   function scoredList(items, describe) {
     // Scores are probabilities (or cosines): a bar is the score out of 1.
     const list = el("ol", {className: "scored"});
@@ -502,7 +519,8 @@
       list.append(el("li", {"data-label": parts.label, "data-score": String(item.score)},
         el("span", {className: "label", text: parts.label}), scoreBar(item.score, 1),
         el("span", {className: "number", text: fixed(item.score, 4)}),
-        ...(parts.detail ? [el("span", {className: "detail", text: parts.detail})] : [])));
+        ...(parts.detail ? [el("span", {className: "detail", text: parts.detail})] : []),
+        ...(parts.extra ? [parts.extra] : [])));
     }
     return list;
   }
@@ -558,7 +576,8 @@
       render: (data) => {
         const hits = firstList(data);
         if (!hits.length) return el("p", {className: "muted", text: "The index is empty."});
-        return scoredList(hits, (hit) => ({label: String(hit.id), detail: hit.text || ""}));
+        return scoredList(hits, (hit) => ({label: String(hit.id), detail: hit.text || "",
+                                           extra: hit.terms ? matchedTerms(hit.terms) : null}));
       },
     },
   };
