@@ -32,7 +32,9 @@ _CLASS_OF_KIND = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer"}  # fo
 # transformers' DeBERTa-v2/v3 tokenizer builds its own pipeline around tokenizer.json's vocabulary; transformers
 # takes it from config.json's model_type when tokenizer_config.json names no class.
 _DEBERTA_V2_CLASSES = ("DebertaV2Tokenizer", "DebertaV2TokenizerFast")
-_CLASS_OF_MODEL_TYPE = {"deberta-v2": "DebertaV2Tokenizer"}
+_XLM_ROBERTA_CLASSES = ("XLMRobertaTokenizer", "XLMRobertaTokenizerFast")
+_XLM_ROBERTA_UNK_ID = 3  # fairseq's ids: <s> 0, <pad> 1, </s> 2, <unk> 3
+_CLASS_OF_MODEL_TYPE = {"deberta-v2": "DebertaV2Tokenizer", "xlm-roberta": "XLMRobertaTokenizer"}
 
 
 @dataclass
@@ -158,6 +160,14 @@ class Tokenizer:
         specials = settings.get("special_tokens", {})
         tokenizer_class = settings.get("tokenizer_class")
         deberta = tokenizer_class in _DEBERTA_V2_CLASSES
+        xlm_roberta = tokenizer_class in _XLM_ROBERTA_CLASSES
+        if xlm_roberta:
+            if model_type not in (None, "Unigram"):
+                raise TokenizerError(f"{path} has a {model_type} model, but its tokenizer class {tokenizer_class} "
+                                     f"needs a Unigram (SentencePiece) model")
+            if (model.get("unk_id"), model.get("byte_fallback")) != (_XLM_ROBERTA_UNK_ID, False):
+                model.update(unk_id=_XLM_ROBERTA_UNK_ID, byte_fallback=False)
+                text = json.dumps(data, ensure_ascii=False)
         if deberta:
             if model_type not in (None, "Unigram"):
                 raise TokenizerError(f"{path} has a {model_type} model, but its tokenizer class {tokenizer_class} "
@@ -183,6 +193,10 @@ class Tokenizer:
                        "add_prefix_space": bool(settings.get("add_prefix_space", True))}
             _set_deberta_v2_pipeline(backend, named, lowercase=lowercase, **options)
             options["unk_id"] = unk_id
+        if xlm_roberta:
+            options = {"add_prefix_space": bool(settings.get("add_prefix_space", True))}
+            _set_xlm_roberta_pipeline(backend, data.get("normalizer"), {"bos": "<s>", "eos": "</s>", **specials},
+                                      **options)
         return cls(backend, kind=kind, model_max_length=max_length, lowercase=lowercase, special_tokens=specials,
                    tokenizer_class=tokenizer_class or "PreTrainedTokenizerFast", options=options)
 
@@ -538,6 +552,31 @@ def _set_deberta_v2_pipeline(backend: Any, specials: dict[str, str], *, lowercas
                                                                                         prepend_scheme=scheme)])
     backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
     _set_bert_template(backend, specials["cls"], specials["sep"])
+
+
+def _set_xlm_roberta_pipeline(backend: Any, normalizer: Any, specials: dict[str, str], *,
+                              add_prefix_space: bool) -> None:
+    """The pipeline transformers' XLMRobertaTokenizer builds itself around tokenizer.json's vocabulary: the
+    SentencePiece charsmap (the Precompiled step of tokenizer.json's normalizer, if any) as the only normalizer,
+    whitespace splitting then Metaspace, and <s> A </s> (</s> B </s>) with every type id 0. Whitespace splitting
+    drops what the file's own pre-tokenizer kept: runs of spaces, and a trailing space's "▁" token."""
+    import base64
+
+    from tokenizers import decoders, normalizers, pre_tokenizers, processors
+
+    steps = normalizer.get("normalizers", []) if isinstance(normalizer, dict) and \
+        normalizer.get("type") == "Sequence" else [normalizer]
+    charsmap = next((step["precompiled_charsmap"] for step in steps if isinstance(step, dict)
+                     and step.get("type") == "Precompiled" and step.get("precompiled_charsmap")), None)
+    backend.normalizer = normalizers.Precompiled(base64.b64decode(charsmap)) if charsmap else None
+    scheme = "always" if add_prefix_space else "never"
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                     pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)])
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    bos, eos = specials["bos"], specials["eos"]
+    backend.post_processor = processors.TemplateProcessing(
+        single=[bos, "$A", eos], pair=[bos, "$A", eos, eos, "$B", eos],
+        special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])
 
 
 def _deberta_v2_unk_id(vocab: list[Any], unk_token: str, configured: Any) -> int:

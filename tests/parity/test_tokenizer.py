@@ -356,3 +356,105 @@ def test_bad_tokenizer_json_names_file_and_expectation(tmp_path: Path, content, 
     message = str(error.value)
     assert str(path) in message and found in message
     assert "expected a `tokenizers` tokenizer.json whose model has a type among BPE, Unigram" in message
+
+
+# ----- XLM-RoBERTa: SentencePiece Unigram with fairseq's ids, on multilingual text ---------------------------------
+MULTILINGUAL = [
+    "The quick brown fox jumps over the lazy dog.", "Le cœur a ses raisons que la raison ne connaît point.",
+    "Ich möchte ein Stück Käse, bitte.", "¿Dónde está la biblioteca? ¡Aquí!", "Zażółć gęślą jaźń.",
+    "Москва — столица России, и в ней живёт много людей.", "Съешь же ещё этих мягких французских булок.",
+    "北京是中华人民共和国的首都。", "東京タワーは日本の電波塔です。", "서울은 대한민국의 수도입니다.",
+    "القاهرة هي عاصمة مصر وأكبر مدنها.", "مرحبا بالعالم! كيف حالك؟", "שלום עולם", "नमस्ते दुनिया",
+    "Γειά σου κόσμε", "emoji 😀👍🏽 and flags 🇫🇷🇯🇵 mixed with text ❤️", "Ünïcödé — “smart quotes” … ½",
+    "mixed 中文 English и русский عربى 123", "  spaces   inside   ", "a", "",
+]
+
+
+def build_xlm_roberta_dir(directory: Path, corpus: Path) -> Path:
+    """A small XLM-RoBERTa tokenizer made as the real one was: a SentencePiece Unigram model (NFKC rules, compiled
+    into its charsmap; <unk> 0, <s> 1, </s> 2, as XLM-R's sentencepiece.bpe.model) that transformers converts to
+    tokenizer.json with fairseq's ids (<s> 0, <pad> 1, </s> 2, <unk> 3, the pieces shifted by one, <mask> last)."""
+    spm = pytest.importorskip("sentencepiece")
+    source = directory.parent / f"{directory.name}-spm"
+    source.mkdir(parents=True)
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(source / "sentencepiece.bpe"),
+                                   vocab_size=1200, model_type="unigram", character_coverage=1.0,
+                                   normalization_rule_name="nmt_nfkc", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   minloglevel=2)
+    (source / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer",
+                                                              "model_max_length": 512}), encoding="utf-8")
+    transformers.AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(directory))
+    written = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    assert written["normalizer"]["type"] == "Precompiled"  # the charsmap, as in real XLM-R files
+    assert [piece for piece, _ in written["model"]["vocab"][:4]] == ["<s>", "<pad>", "</s>", "<unk>"]
+    return directory
+
+
+@pytest.fixture(scope="module")
+def multilingual_corpus(tmp_path_factory, corpus: Path) -> Path:
+    path = tmp_path_factory.mktemp("multilingual") / "corpus.txt"
+    lines = corpus.read_text(encoding="utf-8").splitlines()[:1500]
+    path.write_text("\n".join(lines + MULTILINGUAL * 20) + "\n", encoding="utf-8")
+    return path
+
+
+def as_hub_files_have_it(directory: Path) -> None:
+    """Rewrite tokenizer.json as the files on the hub (converted by transformers 4) have it: the charsmap then a
+    runs-of-spaces Replace, Metaspace alone, the template in the file. transformers 5 rebuilds its pipeline around
+    the vocabulary either way, and so must encoderkit."""
+    path = directory / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["normalizer"] = {"type": "Sequence", "normalizers": [
+        data["normalizer"], {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]}
+    data["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+@pytest.mark.parametrize("layout", ["transformers-5", "hub"])
+def test_xlm_roberta_unigram_matches_transformers_on_multilingual_text(multilingual_corpus, tmp_path,
+                                                                       layout) -> None:
+    directory = build_xlm_roberta_dir(tmp_path / "xlmr", multilingual_corpus)
+    if layout == "hub":
+        as_hub_files_have_it(directory)
+    reference = transformers.AutoTokenizer.from_pretrained(str(directory))
+    assert type(reference).__name__.startswith("XLMRobertaTokenizer")
+    ours = Tokenizer.from_pretrained(directory)
+    assert ours.kind == "unigram"
+    check_special_tokens(ours, reference)
+    assert (ours.token_id("cls"), ours.pad_token_id, ours.token_id("sep"), ours.token_id("unk")) == (0, 1, 2, 3)
+    assert ours.mask_token == "<mask>" and ours.mask_token_id == len(reference) - 1
+    texts = MULTILINGUAL + HARD_CASES
+    pairs = texts[5:] + texts[:5]
+    compare(ours, reference, texts, truncation=False)
+    compare(ours, reference, texts, pairs, truncation="longest_first", max_length=24)
+    mine = ours.encode_batch(texts, pairs, max_length=40)
+    theirs = reference(texts, pairs, truncation=True, max_length=40, padding=True, return_tensors="pt",
+                       return_token_type_ids=True)
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        assert torch.equal(getattr(mine, name), theirs[name]), name
+    assert ours.encode("Paris is the <mask> of France.").input_ids == \
+        reference("Paris is the <mask> of France.")["input_ids"]
+
+
+def test_a_bert_model_with_an_xlm_roberta_tokenizer(multilingual_corpus, tmp_path) -> None:
+    """paraphrase-multilingual-MiniLM-L12-v2's layout: a BERT encoder whose tokenizer is XLM-R's; its pad id 1 is
+    in config.json. Embeddings equal transformers' on multilingual text."""
+    from encoderkit import Embedder
+
+    directory = build_xlm_roberta_dir(tmp_path / "model", multilingual_corpus)
+    reference_tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(reference_tokenizer), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=37, pad_token_id=1)
+    model = transformers.BertModel(config).eval()
+    for parameter in model.parameters():
+        parameter.data += 0.05 * torch.randn_like(parameter)
+    model.save_pretrained(str(directory))
+    embedder = Embedder.from_pretrained(directory, pooling="mean")
+    assert embedder.tokenizer.kind == "unigram" and embedder.model.config.model_type == "bert"
+    batch = reference_tokenizer(MULTILINGUAL[:-1], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = model(**batch).last_hidden_state
+    mask = batch["attention_mask"][..., None].float()
+    expected = (states * mask).sum(1) / mask.sum(1)
+    torch.testing.assert_close(torch.from_numpy(embedder.encode(MULTILINGUAL[:-1])), expected, atol=1e-5, rtol=0)
