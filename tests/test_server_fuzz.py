@@ -23,8 +23,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from encoderkit.server import ModelRegistry, ServerSettings, create_app  # noqa: E402
-from encoderkit.server.schemas import (EmbedRequest, FillMaskRequest, NerRequest, OpenAIEmbeddingRequest,  # noqa: E402
-                                       PredictRequest, QaRequest, RerankRequest, SearchRequest, TokenizeRequest)
+from encoderkit.server.schemas import (EmbedAllRequest, EmbedRequest, EmbedSparseRequest,  # noqa: E402
+                                       FillMaskRequest, NerRequest, OpenAIEmbeddingRequest, PredictRequest, QaRequest, RerankRequest, SearchRequest, TokenizeRequest)
 from encoderkit.server.studio import ATTENTION_PATH, AttentionRequest  # noqa: E402
 from serving import client_of, saved_index, tiny_models  # noqa: E402
 
@@ -39,6 +39,8 @@ ROUTES = {
     "/ner": (NerRequest, {"inputs": "John lives in Paris", "model": "ner"}),
     "/qa": (QaRequest, {"question": "Where does John live?", "context": "John lives in Paris.", "model": "qa"}),
     "/fill-mask": (FillMaskRequest, {"inputs": "a [MASK] day", "model": "mlm", "top_k": 2}),
+    "/embed_sparse": (EmbedSparseRequest, {"inputs": ["a good request"], "model": "mlm"}),
+    "/embed_all": (EmbedAllRequest, {"inputs": ["a good request"]}),
     "/tokenize": (TokenizeRequest, {"inputs": "a good request"}),
     "/search": (SearchRequest, {"query": "a good request", "k": 2}),
     ATTENTION_PATH: (AttentionRequest, {"text": "a good request", "layer": 1, "head": 2}),

@@ -148,7 +148,7 @@ def test_pickled_weights_need_allow_pickle(tmp_path, minilm_dir, capsys):
     assert main(["serve", str(model_dir), "--port", str(free_port())]) == 2
     assert "allow" in capsys.readouterr().err
     registry = ModelRegistry.load([("tiny", model_dir)], allow_pickle=True)
-    assert registry.names() == ["tiny"] and registry.kinds("tiny") == {"embed"}
+    assert registry.names() == ["tiny"] and registry.kinds("tiny") == {"embed", "embed_all"}
 
 
 def test_start_up_errors_are_one_line(tmp_path, capsys):

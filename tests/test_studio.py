@@ -177,4 +177,4 @@ def test_the_server_mounts_the_studio_behind_its_key(models):
                              headers={"Authorization": "Bearer k3y"})
         assert answer.status_code == 200 and answer.json()["model"] == "tiny"
         models_answer = client.get("/studio/models", headers={"Authorization": "Bearer k3y"}).json()
-        assert models_answer["models"][0]["kinds"] == ["embed"]
+        assert models_answer["models"][0]["kinds"] == ["embed", "embed_all"]

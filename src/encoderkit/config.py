@@ -242,16 +242,23 @@ class EncoderConfig:
         if self.conv_kernel_size < 0 or (self.conv_kernel_size and self.hidden_size % self.conv_groups):
             raise ConfigError(f"conv_kernel_size ({self.conv_kernel_size}) must be >= 0 and hidden_size must be "
                               f"divisible by conv_groups ({self.conv_groups})")
-        if self.family.positions_from_padding and self.max_position_embeddings <= self.pad_token_id + 1:
-            raise ConfigError(f"{self.model_type} needs max_position_embeddings > pad_token_id + 1 (positions start "
-                              "after padding)")
+        if self.family.positions_from_padding and self.max_position_embeddings <= self.padding_position_id + 1:
+            raise ConfigError(f"{self.model_type} needs max_position_embeddings > {self.padding_position_id + 1} "
+                              "(positions start after padding)")
 
     @property
     def max_sequence_length(self) -> int:
         """Longest input (special tokens included) the position embeddings can address."""
         if self.family.positions_from_padding:
-            return self.max_position_embeddings - self.pad_token_id - 1
+            return self.max_position_embeddings - self.padding_position_id - 1
         return self.max_position_embeddings
+
+    @property
+    def padding_position_id(self) -> int:
+        """Families that count positions from padding (RoBERTa): the id whose position the padding takes, the
+        first real token being at that + 1; pad_token_id, except where the family fixes it (MPNet: 1)."""
+        fixed = self.family.position_padding_id
+        return self.pad_token_id if fixed is None else fixed
 
     # ----- HF config.json ---------------------------------------------------------------------
     @classmethod

@@ -213,7 +213,7 @@ class AttentionAnalyzer:
         self.config = encoder.config
         self.batch_size = batch_size
         # Positions beyond the table would fail in the embeddings; RoBERTa's table holds 2 more (pad offset).
-        position_limit = self.config.max_position_embeddings - (self.config.pad_token_id + 1
+        position_limit = self.config.max_position_embeddings - (self.config.padding_position_id + 1
                                                                   if self.config.family.positions_from_padding else 0)
         self.max_length = min(max_length or tokenizer.model_max_length, position_limit)
 

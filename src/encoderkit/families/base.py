@@ -57,6 +57,7 @@ class Family:
     has_pooler: bool = False  # the base model carries a [CLS] pooler (dense + tanh)
     position_bias: bool = False  # MPNet: a learned per-head bias by bucketed relative position, shared by layers
     positions_from_padding: bool = False  # RoBERTa: position ids count real tokens, from pad_token_id + 1
+    position_padding_id: int | None = None  # the id positions count from, where not pad_token_id (MPNet: 1)
     always_project_embeddings: bool = False  # ALBERT maps embeddings to hidden size even when they are equal
     factorised_embeddings: bool = False  # embedding_size may differ from hidden_size
     layer_sharing: bool = False  # ALBERT's cross-layer parameter groups

@@ -1,5 +1,6 @@
 """MPNet (Song et al., 2020): BERT's post-norm block with a learned relative-position bias on the attention scores
-(T5's buckets, one table shared by every layer), RoBERTa's positions (counted from pad_token_id + 1), no segments;
+(T5's buckets, one table shared by every layer), RoBERTa's positions (counted from 2: transformers' MPNet takes id 1
+as padding whatever pad_token_id says), no segments;
 a [CLS] pooler; a dense+tanh sequence classifier, as RoBERTa's."""
 from .base import BERT_DEFAULTS, BERT_IGNORABLE, TOKEN_AND_SPAN_HEADS, Family, mlm_rules
 
@@ -10,7 +11,7 @@ FAMILY = Family(
     defaults=dict(BERT_DEFAULTS, vocab_size=30527, type_vocab_size=0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
                   max_position_embeddings=514, relative_attention_num_buckets=32),
     own_fields=("relative_attention_num_buckets",), skipped_fields=("type_vocab_size",),
-    has_pooler=True, positions_from_padding=True, position_bias=True, mlm_activation="gelu",
+    has_pooler=True, positions_from_padding=True, position_padding_id=1, position_bias=True, mlm_activation="gelu",
     classifier="dense_tanh",
     base_rules=(
         ("embeddings.word", "embeddings.word_embeddings"),

@@ -52,7 +52,7 @@ class Embeddings(nn.Module):
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.config.family.positions_from_padding:
-            return padding_position_ids(input_ids, self.config.pad_token_id)
+            return padding_position_ids(input_ids, self.config.padding_position_id)
         return torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
 
     def _plus_positions(self, x: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
@@ -63,7 +63,9 @@ class Embeddings(nn.Module):
     def _plus_types(self, x: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         if self.token_type is None:
             return x
-        return x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
+        if token_type_ids is None or self.token_type.num_embeddings == 1:  # one segment: whatever the tokenizer
+            return x + self.token_type.weight[0]  # says (a BERT tokenizer gives a pair's second text type 1)
+        return x + self.token_type(token_type_ids)
 
     def forward(
         self,

@@ -349,7 +349,7 @@ class EncoderModel(nn.Module):
         if self.embeddings.position is not None:
             position_ids = packing.positions
             if self.config.family.positions_from_padding:
-                position_ids = position_ids + self.config.pad_token_id + 1
+                position_ids = position_ids + self.config.padding_position_id + 1
         return self.run(input_ids, token_type_ids, position_ids, packing)[0]
 
 
