@@ -22,6 +22,21 @@ def tiny_bert_dir(directory: Path, tokenizer_source: Path, task: str = "base", *
     return directory
 
 
+def perturbed_model_dir(directory: Path, tokenizer_source: Path, model_class, config) -> Path:
+    """A random transformers ``model_class(config)``, its weights perturbed so that no norm or projection is at its
+    near-trivial initial value, saved with the MiniLM tokenizer files."""
+    torch.manual_seed(0)
+    model = model_class(config)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+    model.save_pretrained(directory)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_source / name, directory / name)
+    return directory
+
+
 class FakeRegistry:
     """The part of the server's model registry the web studio reads: names, the default, directories, kinds."""
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from encoderkit import load_model
-from helpers import TOKENIZER_FILES
+from helpers import perturbed_model_dir
 from test_finetune import write_conll, write_squad
 from test_modern_tasks import hf_and_ours, write_tsv
 
@@ -48,16 +46,7 @@ FAMILIES = list(CONFIGS)
 
 def family_dir(directory: Path, minilm_dir: Path, family: str, suffix: str = "Model") -> Path:
     stem, make = CONFIGS[family]
-    torch.manual_seed(0)
-    model = getattr(transformers, stem + suffix)(make())
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.1)
-    model.save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        shutil.copy(minilm_dir / name, directory / name)
-    return directory
+    return perturbed_model_dir(directory, minilm_dir, getattr(transformers, stem + suffix), make())
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from encoderkit import Classifier, InputError, load_model
 from encoderkit.cli import main
 from encoderkit.training.finetune import Recipe, finetune
 
-from helpers import TOKENIZER_FILES
+from helpers import perturbed_model_dir
 from test_finetune import write_conll, write_squad
 
 transformers = pytest.importorskip("transformers")
@@ -58,16 +58,7 @@ def pretrained_dir(directory: Path, minilm_dir: Path, family: str, suffix: str =
     """A random transformers model of ``family`` (the base model, or ``stem + suffix``), its weights perturbed so
     that no norm or projection is at its near-trivial initial value, saved with the MiniLM tokenizer files."""
     make_config, stem = FAMILIES[family]
-    torch.manual_seed(0)
-    model = getattr(transformers, stem + suffix)(make_config(**overrides))
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.1)
-    model.save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        shutil.copy(minilm_dir / name, directory / name)
-    return directory
+    return perturbed_model_dir(directory, minilm_dir, getattr(transformers, stem + suffix), make_config(**overrides))
 
 
 @pytest.fixture(scope="module")
