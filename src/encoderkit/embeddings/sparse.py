@@ -15,6 +15,7 @@ sentence-transformers' SparseEncoder directory (MLMTransformer + SpladePooling) 
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,11 +29,15 @@ from ..modeling.packing import MAX_BATCH_SIZE
 from ..tokenizer import BatchEncoding, Tokenizer
 from .sparse_vectors import SparseVectors, check_max_active_dims
 
+# index_reduce_ (a per-sequence max over packed tokens without a (tokens x vocabulary) index tensor) works as
+# documented; torch marks it beta and would say so at every batch.
+warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta", category=UserWarning)
+
 SPLADE_POOLING = ("max", "sum")
 SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 # Tokens whose vocabulary logits exist at once: (tokens x 30,522 fp32) is 125 MB at this size.
 LOGIT_CHUNK_TOKENS = 1024
-MLM_FAMILY_HINT = ("start one from an embedder by training its MLM head first: `encoderkit pretrain --model DIR "
+MLM_FAMILY_HINT = ("start one from an embedder by training its MLM head first: `encoderkit pretrain --config DIR "
                    "--objective mlm ...` (a short warm-up on in-domain text), then train-embedder --kind sparse")
 
 
