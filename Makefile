@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 # 2-CPU machine. Tests that must not overlap share an xdist_group (--dist loadgroup). PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test bench clean install browser mpnet test-mpnet
+.PHONY: demo test bench clean install browser mpnet test-mpnet test-families
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ test: $(VENV)/.installed-test browser
 # against sentence-transformers (tests/test_mpnet_real.py; its STS-B check takes minutes: -m slow runs it too).
 mpnet: $(VENV)/.installed
 	$(BIN)/python tools/fetch_all_mpnet_base_v2.py
+
+# Every pipeline (embed, search, finetune, pretrain, train-embedder/-reranker, serve, attention, int8) on each newer
+# family against transformers (tests/test_family_features.py): a minute and a half of training loops, run by CI
+# after the default suite rather than inside its ten minutes.
+test-families: $(VENV)/.installed-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/test_family_features.py -m families
 
 test-mpnet: $(VENV)/.installed-test mpnet
 	$(BIN)/python -m pytest tests/test_mpnet_real.py -m "weights and not slow"
