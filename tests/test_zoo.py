@@ -81,9 +81,29 @@ def test_recommends_deberta_v3_and_modernbert_where_published_results_favour_the
         assert choice.preset == "deberta-v3-large" and "He et al. 2023" in choice.reason
     assert "GLUE" in recommend("classification", "quality").reason
     assert "SQuAD 2.0" in recommend("qa", "quality").reason
-    for task, cited in (("embedding", "BEIR"), ("pretraining", "GLUE")):
-        choice = recommend(task, "quality")
-        assert choice.preset == "modernbert-large" and "Warner et al. 2024" in choice.reason and cited in choice.reason
+    choice = recommend("pretraining", "quality")
+    assert choice.preset == "modernbert-large" and "Warner et al. 2024" in choice.reason and "GLUE" in choice.reason
+
+
+def test_english_embeddings_get_the_lessons_all_mpnet_base_v2_advice() -> None:
+    choice = recommend("embedding", "quality")
+    assert choice.preset == "mpnet-base" and "all-mpnet-base-v2" in choice.reason and "BEIR" in choice.reason
+
+
+def test_multilingual_needs_get_the_xlm_roberta_family(capsys) -> None:
+    from encoderkit.config import preset
+
+    for task in TASKS:
+        for constraint in CONSTRAINTS:
+            choice = recommend(task, constraint, multilingual=True)
+            assert preset(choice.preset).model_type in ("xlm-roberta", "bert")
+            assert preset(choice.preset).vocab_size > 250_000  # XLM-R's SentencePiece vocabulary
+    assert recommend("embedding", "latency", multilingual=True).preset == "multilingual-minilm-l12-h384"
+    assert recommend("embedding", "quality", multilingual=True).preset == "xlm-roberta-large"
+    long = recommend("classification", "latency", 4096, multilingual=True)
+    assert long.preset == "xlm-roberta-base" and "window" in long.reason  # not ModernBERT: English only
+    assert main(["models", "--multilingual", "--task", "embedding"]) == 0
+    assert "in several languages: multilingual-minilm-l12-h384 (bert, 117.7M" in capsys.readouterr().out
 
 
 def test_long_inputs_get_modernbert() -> None:

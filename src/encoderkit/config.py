@@ -509,6 +509,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                              num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "xlm-roberta-large": dict(_ROBERTA, model_type="xlm-roberta", vocab_size=250002, hidden_size=1024,
                               num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    # paraphrase-multilingual-MiniLM-L12-v2 (Reimers & Gurevych, 2020): a 12-layer, 384-wide BERT over XLM-R's
+    # 250,002-token SentencePiece vocabulary (its tokenizer is XLM-R's)
+    "multilingual-minilm-l12-h384": dict(_bert(384, 12, 12), vocab_size=250037, pad_token_id=0),
     # MPNet base (Song et al., 2020), the backbone of all-mpnet-base-v2
     "mpnet-base": dict(model_type="mpnet", vocab_size=30527, hidden_size=768, num_hidden_layers=12,
                        num_attention_heads=12, intermediate_size=3072, max_position_embeddings=514,

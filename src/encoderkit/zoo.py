@@ -82,6 +82,22 @@ _MODERNBERT_PRETRAINING = ("modernbert-large", "ModernBERT's recipe is MLM with 
                                                "and RoBERTa-large (88.9); DeBERTa-v3-large scores 91.4 but needs "
                                                "replaced-token detection, which encoderkit pre-trains for ELECTRA only")
 
+_MPNET = ("mpnet-base", "all-mpnet-base-v2 (MPNet-base trained by sentence-transformers on 1B sentence pairs) is "
+                        "sentence-transformers' best general-purpose English embedder and the default recommendation "
+                        "for most English similarity tasks: `make mpnet` fetches it and encoderkit runs it as "
+                        "sentence-transformers does; modernbert-large (41.6-44.0 nDCG@10 on BEIR) when you train a "
+                        "retriever yourself or embed long documents")
+_MULTILINGUAL_SMALL = ("multilingual-minilm-l12-h384", "paraphrase-multilingual-MiniLM-L12-v2's shape: a 12-layer "
+                                                       "384-wide BERT over XLM-R's 250k SentencePiece vocabulary, "
+                                                       "distilled from a multilingual teacher for 50+ languages; "
+                                                       "most of its 118M parameters are the vocabulary")
+_MULTILINGUAL_BASE = ("xlm-roberta-base", "XLM-RoBERTa (Conneau et al. 2020) is pre-trained on 2.5TB of CommonCrawl "
+                                          "in 100 languages; multilingual-e5-base and most multilingual fine-tunes "
+                                          "start from it")
+_MULTILINGUAL_LARGE = ("xlm-roberta-large", "XLM-RoBERTa-large is the backbone of the strongest open multilingual "
+                                            "embedders and rerankers (bge-m3, multilingual-e5-large, "
+                                            "bge-reranker-v2-m3) and of cross-lingual classification (XNLI)")
+
 _TABLE: dict[tuple[str, str], tuple[str, str]] = {}
 for _task in TASKS:
     _TABLE[(_task, "latency")] = _DISTIL
@@ -90,7 +106,7 @@ for _task in TASKS:
     _TABLE[(_task, "budget")] = _ELECTRA_SMALL
 _TABLE[("embedding", "latency")] = _MINILM
 _TABLE[("embedding", "memory")] = _MINILM
-_TABLE[("embedding", "quality")] = _MODERNBERT_RETRIEVAL
+_TABLE[("embedding", "quality")] = _MPNET
 _TABLE[("classification", "quality")] = _DEBERTA_V3_LARGE
 _TABLE[("qa", "quality")] = _DEBERTA_V3_LARGE
 _TABLE[("pretraining", "quality")] = _MODERNBERT_PRETRAINING
@@ -105,16 +121,34 @@ _LONG_REASON = ("8,192-token context: ModernBERT (Warner et al. 2024) is trained
                 f"{SHORT_CONTEXT} tokens")
 
 
-def recommend(task: str, constraint: str, max_tokens: int | None = None) -> Recommendation:
+def _multilingual(task: str, constraint: str, max_tokens: int | None) -> Recommendation:
+    """The XLM-R family: ModernBERT and the English presets read one language well."""
+    if constraint == "quality":
+        name, reason = _MULTILINGUAL_LARGE
+    elif task == "embedding" and constraint in ("latency", "memory"):
+        name, reason = _MULTILINGUAL_SMALL
+    else:
+        name, reason = _MULTILINGUAL_BASE
+    if max_tokens is not None and max_tokens > SHORT_CONTEXT:
+        reason += (f"; it reads {SHORT_CONTEXT} tokens (ModernBERT's 8,192 are English): embed longer texts in "
+                   "windows (long_text='window'), or use bge-m3, XLM-R-large with 8,192 positions")
+    return Recommendation(name, reason)
+
+
+def recommend(task: str, constraint: str, max_tokens: int | None = None, *,
+              multilingual: bool = False) -> Recommendation:
     """A preset for ``task`` under ``constraint``; ``max_tokens``: the longest input, in tokens. Inputs longer than
-    512 tokens get ModernBERT (modernbert-large under a quality constraint, else modernbert-base)."""
+    512 tokens get ModernBERT (modernbert-large under a quality constraint, else modernbert-base). ``multilingual``:
+    text in several languages, which the XLM-R family reads (``_multilingual``)."""
     if task not in TASKS:
         raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     if constraint not in CONSTRAINTS:
         raise InputError(f"unknown constraint {constraint!r}; choose one of: {', '.join(CONSTRAINTS)}")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise InputError(f"max_tokens must be a positive number of tokens, found {max_tokens!r}")
+    if multilingual:
+        return _multilingual(task, constraint, max_tokens)
     if max_tokens is not None:
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise InputError(f"max_tokens must be a positive number of tokens, found {max_tokens!r}")
         if max_tokens > SHORT_CONTEXT:
             name = "modernbert-large" if constraint == "quality" else "modernbert-base"
             reason = _LONG_REASON + ("; the large model averages 90.4 on GLUE (base 88.4)" if constraint == "quality"

@@ -31,16 +31,18 @@ def info(model: str | None, as_json: bool) -> None:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="the longest input, in tokens (implies --recommend); over 512 needs ModernBERT's 8,192-token "
                    "context")
-def models(recommend: bool, task: str, constraint: str, max_tokens: int | None) -> None:
+@click.option("--multilingual", is_flag=True, help="text in several languages (implies --recommend): the XLM-R family")
+def models(recommend: bool, task: str, constraint: str, max_tokens: int | None, multilingual: bool) -> None:
     """List the model zoo (published shapes, parameters computed from their configs)."""
     from ..zoo import count_parameters, recommend as pick, zoo
 
-    if recommend or max_tokens is not None:
-        choice = pick(task, constraint, max_tokens=max_tokens)
+    if recommend or max_tokens is not None or multilingual:
+        choice = pick(task, constraint, max_tokens=max_tokens, multilingual=multilingual)
         from ..config import preset
 
         params = count_parameters(preset(choice.preset))
         inputs = f" with inputs of up to {max_tokens:,} tokens" if max_tokens is not None else ""
+        inputs += " in several languages" if multilingual else ""
         click.echo(f"recommended for {task} under a {constraint} constraint{inputs}: {choice.preset} "
                    f"({preset(choice.preset).model_type}, {params / 1e6:.1f}M parameters)")
         click.echo(f"why: {choice.reason}")
