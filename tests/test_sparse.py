@@ -192,3 +192,12 @@ def test_train_embedder_sparse_bad_input_is_one_line(tmp_path, minilm_dir, train
     code = main(args + (extra if "--model" in extra else ["--model", model] + extra))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("encoderkit: error:") and message in err[0], err
+
+
+def test_int8_sparse_vectors_stay_close_to_fp32(mlm_dir):
+    """The engine's int8 path under SPLADE: the MLM head stays fp32, so the weights move only as much as the
+    encoder's states do."""
+    exact = SparseEmbedder.from_pretrained(mlm_dir).encode(TEXTS).to_dense()
+    int8 = SparseEmbedder.from_pretrained(mlm_dir, dtype="int8").encode(TEXTS).to_dense()
+    cosine = (exact * int8).sum(1) / np.linalg.norm(exact, axis=1) / np.linalg.norm(int8, axis=1)
+    assert cosine.min() > 0.99, cosine
