@@ -49,3 +49,13 @@ def require(extra: str, command: str) -> None:
 
 
 __all__ = ["EXTRAS", "MissingExtraError", "missing_modules", "require"]
+
+
+def faiss_module():
+    """FAISS, imported where an index needs it; an InputError saying how to install it where it is missing."""
+    try:
+        import faiss
+    except ImportError as exc:
+        raise InputError("approximate and multi-vector indexes need FAISS: pip install 'encoderkit[ann]' (faiss-cpu), "
+                         "or use an exact index") from exc
+    return faiss

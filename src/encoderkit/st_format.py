@@ -189,6 +189,19 @@ class SparseEncoderInfo:
     default_prompt_name: str | None = None
 
 
+def is_multi_vector_dir(root: str | Path) -> bool:
+    """Whether ``root`` is a PyLate (ColBERT) directory: a projection module after the Transformer in modules.json,
+    and no pooling."""
+    path = Path(root) / "modules.json"
+    if not path.is_file():
+        return False
+    try:
+        kinds = [str(module.get("type", "")) for module in json.loads(path.read_text("utf-8"))]
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(kind.endswith(".Dense") for kind in kinds) and not any(kind.endswith(".Pooling") for kind in kinds)
+
+
 def is_sparse_encoder(root: Path) -> bool:
     """Whether ``root``'s modules.json describes a SparseEncoder (a SpladePooling module)."""
     path = root / "modules.json"

@@ -25,7 +25,8 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 
 from ..errors import DataError, InputError
-from ..tasks.search import VectorIndex, _faiss
+from ..extras import faiss_module
+from ..tasks.search import VectorIndex, register_index
 from .quantization import calibration_ranges, quantize_ubinary, quantize_uint8
 from .shards import sample_rows
 
@@ -173,6 +174,7 @@ def default_pq_m(dimension: int) -> int:
 
 
 @dataclass
+@register_index("ivfpq", "int8", "binary")
 class CompressedIndex(VectorIndex):
     kind: str = "ivfpq"  # type: ignore[assignment]
     nlist: int | None = None  # ivfpq: inverted lists (default: default_nlist)
@@ -206,6 +208,11 @@ class CompressedIndex(VectorIndex):
         self._pending: list[np.ndarray] = []  # vectors added in memory, not yet concatenated
         self._fill: tuple[np.ndarray, int] | None = None  # a streaming build's presized codes and rows filled
 
+    def train_on_sample(self, vectors: np.ndarray) -> None:
+        """Train on a seeded sample of ``train_sample`` rows of all of ``vectors`` (not on the first chunk)."""
+        sample = ArraySource(vectors).sample(self.train_sample, self.seed)
+        self.train(self._prepare(sample, "vectors"), total=len(vectors))
+
     def check_search_settings(self) -> None:
         least = 0 if self.kind == "ivfpq" else 1
         if self.rescore_multiplier < least:
@@ -222,7 +229,7 @@ class CompressedIndex(VectorIndex):
     def train(self, sample: np.ndarray, total: int | None = None) -> None:
         """Learn the IVF lists and PQ codebooks (ivfpq) or the int8 ranges from ``sample`` (prepared:
         normalized for cosine); ``total`` (the corpus size) only sizes the default nlist and the messages."""
-        faiss = _faiss()
+        faiss = faiss_module()
         total = total or len(sample)
         if self.kind == "binary":
             self._index = faiss.IndexBinaryFlat(self.dimension)
@@ -268,7 +275,7 @@ class CompressedIndex(VectorIndex):
         width = self._index.code_size
         codes = self._index.xb if self.kind == "binary" else self._index.codes
         codes.resize(count * width)
-        self._fill = (_faiss().rev_swig_ptr(codes.data(), count * width).reshape(count, width), 0)
+        self._fill = (faiss_module().rev_swig_ptr(codes.data(), count * width).reshape(count, width), 0)
 
     def _encode_add(self, array: np.ndarray) -> None:
         """Add prepared rows to the FAISS index only (the caller stores ids and float vectors)."""
@@ -319,7 +326,7 @@ class CompressedIndex(VectorIndex):
                 scores = (self.dimension - 2 * distances).astype(np.float32)  # the dot product of the +-1 vectors
             else:
                 if self.kind == "ivfpq":
-                    _faiss().extract_index_ivf(self._index).nprobe = self.nprobe
+                    faiss_module().extract_index_ivf(self._index).nprobe = self.nprobe
                 scores, rows = self._index.search(array, fetch)
         if rescore:
             scores, rows = rescore_candidates(array, rows, vectors, k)
@@ -334,7 +341,7 @@ class CompressedIndex(VectorIndex):
     def _save_data(self, directory: Path) -> None:
         if not self.is_trained:
             raise InputError("the index is empty; add vectors before saving it")
-        faiss = _faiss()
+        faiss = faiss_module()
         if self.kind == "binary":
             faiss.write_index_binary(self._index, str(directory / "index.faiss"))
         else:
@@ -347,7 +354,7 @@ class CompressedIndex(VectorIndex):
             np.save(directory / "vectors.npy", vectors)
 
     def _load_data(self, directory: Path) -> None:
-        faiss = _faiss()
+        faiss = faiss_module()
         flags = getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP)
         path = str(directory / "index.faiss")
         if not (directory / "index.faiss").is_file():
@@ -378,7 +385,7 @@ def _threads_for(queries: int, kind: str) -> Iterator[None]:
     more threads add nothing but their wait at the barrier, which on a loaded machine costs tens of ms a
     query: measured on 2 busy cores, one query over 20k binary codes took 86 ms with 2 threads, 0.05 ms with
     1; over 50k int8 codes 44 ms and 4 ms. IVF searches keep their threads."""
-    faiss = _faiss()
+    faiss = faiss_module()
     if kind == "ivfpq" or queries > FEW_QUERIES or faiss.omp_get_max_threads() == 1:
         yield
         return

@@ -46,6 +46,7 @@ from ..errors import CheckpointError, ConfigError, InputError
 from ..hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..modeling.packing import MAX_BATCH_SIZE
+from ..st_format import is_multi_vector_dir
 from ..tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -332,19 +333,6 @@ class MultiVectorDirectory:
     weights_dir: Path
     layers: list[tuple[torch.Tensor, torch.Tensor | None]]
     settings: MultiVectorSettings
-
-
-def is_multi_vector_dir(root: str | Path) -> bool:
-    """Whether ``root`` is a PyLate (ColBERT) directory: a projection module after the Transformer in modules.json,
-    and no pooling."""
-    root = Path(root)
-    if not (root / "modules.json").is_file():
-        return False
-    try:
-        kinds = [str(module.get("type", "")) for module in json.loads((root / "modules.json").read_text("utf-8"))]
-    except (OSError, ValueError, AttributeError):
-        return False
-    return any(kind.endswith(".Dense") for kind in kinds) and not any(kind.endswith(".Pooling") for kind in kinds)
 
 
 def read_multi_vector_dir(root: str | Path, *, allow_pickle: bool = False) -> MultiVectorDirectory:

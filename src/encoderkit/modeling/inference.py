@@ -458,9 +458,8 @@ def for_inference(model: nn.Module, dtype: torch.dtype = torch.float32, *, int8:
         raise InputError(f"fp32_layers names no linear layer of this model: {', '.join(unknown)}; its int8 layers "
                          f"are named like {', '.join(sorted(known)[:4])}, ...")
     model.inference_dtype = encoder.inference_dtype = dtype  # type: ignore[attr-defined]
-    from ..native import reset
-
-    reset(encoder)  # the native layers' plan is made again, for these settings, at its next call
+    # a new generation of settings: the native layers' plan (``native.native_forward``) is made again at its next call
+    encoder.inference_generation = getattr(encoder, "inference_generation", 0) + 1  # type: ignore[attr-defined]
     return model.eval()
 
 

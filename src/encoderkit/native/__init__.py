@@ -363,6 +363,10 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
             or getattr(encoder, "traceable", False) or not packing.in_row_order \
             or any(group.key_mask is not None or group.bias is not None for group in packing.groups):
         return None
+    generation = getattr(encoder, "inference_generation", 0)
+    if encoder.__dict__.get("_native_generation") != generation:  # for_inference re-packed: plan anew
+        reset(encoder)
+        encoder.__dict__["_native_generation"] = generation
     plan = encoder.__dict__.get("_native")
     if plan is None:
         if encoder.__dict__.get("_native_checked"):
@@ -407,10 +411,12 @@ def disable(model: nn.Module) -> None:
     encoder = getattr(model, "encoder", model)
     encoder.__dict__.pop("_native", None)
     encoder.__dict__["_native_checked"] = True
+    encoder.__dict__["_native_generation"] = getattr(encoder, "inference_generation", 0)  # until it re-packs
 
 
 def reset(encoder: nn.Module) -> None:
-    """Forget ``encoder``'s native plan (``for_inference`` calls it when it re-packs with other settings)."""
+    """Forget ``encoder``'s native plan: made again at its next call (as after ``for_inference`` re-packs with
+    other settings, which it tells by ``encoder.inference_generation``)."""
     encoder.__dict__.pop("_native", None)
     encoder.__dict__.pop("_native_checked", None)
 

@@ -169,27 +169,26 @@ def copy_directory(source: Path, target: Path) -> Path:
     return target
 
 
+# kind -> the class that loads it (``cls.load(directory)``): each retrieval kind's module registers itself when
+# imported (``register_kind``), and the package imports them all, so base imports none of them (no import cycle)
+LOADERS: dict[str, Any] = {}
+
+
+def register_kind(cls: Any) -> Any:
+    """Class decorator: ``load_index`` opens directories of ``cls.kind`` with ``cls.load``."""
+    LOADERS[cls.kind] = cls
+    return cls
+
+
 def load_index(directory: str | Path):
     """Any saved index: a dense one (``VectorIndex.load``) or a bm25, sparse, multi-vector or hybrid one."""
     meta = read_meta(directory)
     kind = meta["kind"]
     if kind in DENSE_KINDS:
         return VectorIndex.load(directory)
-    if kind == "bm25":
-        from .bm25 import BM25Index
-
-        return BM25Index.load(directory)
-    if kind == "sparse":
-        from .sparse_index import SparseIndex
-
-        return SparseIndex.load(directory)
-    if kind == "multi-vector":
-        from .multi_vector import MultiVectorIndex
-
-        return MultiVectorIndex.load(directory)
-    from .hybrid import HybridIndex
-
-    return HybridIndex.load(directory)
+    if kind not in LOADERS:
+        raise DataError(f"{directory}: index kind {kind!r} is unknown to this encoderkit ({', '.join(ALL_KINDS)})")
+    return LOADERS[kind].load(directory)
 
 
 def index_model(index: Any) -> str | None:

@@ -29,8 +29,8 @@ import numpy as np
 
 from ..errors import DataError, InputError
 from ..tasks.search import SearchResult
-from .base import (check_k, check_model, check_queries, default_ids, padded_result, read_ids, read_meta, top_k,
-                   write_ids, write_meta)
+from .base import (check_k, check_model, check_queries, default_ids, padded_result, read_ids, read_meta, register_kind,
+                   top_k, write_ids, write_meta)
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
@@ -46,6 +46,7 @@ def _bm25s():
     return bm25s
 
 
+@register_kind
 @dataclass
 class BM25Index:
     """BM25 of texts (see the module's docstring for the tokenisation and the formula)."""

@@ -24,12 +24,14 @@ import numpy as np
 
 from ..errors import DataError, InputError
 from ..tasks.search import SearchResult
-from .base import check_k, index_model, load_index, padded_result, read_meta, search_any, top_k, write_meta
+from .base import (check_k, index_model, load_index, padded_result, read_meta, register_kind, search_any, top_k,
+                   write_meta)
 
 FUSIONS = ("rrf", "weighted")
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+@register_kind
 @dataclass
 class HybridIndex:
     """Parts (name -> index of any non-hybrid kind) whose rankings are fused (see the module's docstring)."""

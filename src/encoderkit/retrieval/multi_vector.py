@@ -28,9 +28,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import DataError, InputError
-from ..tasks.search import SearchResult, _faiss
-from .base import (check_k, check_model, check_queries, copy_directory, padded_result, read_ids, read_meta, top_k,
-                   write_meta)
+from ..extras import faiss_module
+from ..tasks.search import SearchResult
+from .base import (check_k, check_model, check_queries, copy_directory, padded_result, read_ids, read_meta,
+                   register_kind, top_k, write_meta)
 from .sparse_index import _GrowingIds
 
 CODECS = ("flat", "sq8")
@@ -140,7 +141,7 @@ def _build_ivf(directory: Path, total: int, dimension: int, dtype: str, settings
     from ..embeddings.shards import sample_rows
     from ..progress import Progress
 
-    faiss = _faiss()
+    faiss = faiss_module()
     width = np.dtype(dtype).itemsize * dimension
     with open(directory / "tokens.bin", "rb") as handle:
         rows = np.sort(sample_rows(total, settings.train_sample, settings.seed))
@@ -165,6 +166,7 @@ def _build_ivf(directory: Path, total: int, dimension: int, dtype: str, settings
     faiss.write_index(index, str(directory / "index.faiss"))
 
 
+@register_kind
 @dataclass
 class MultiVectorIndex:
     """A saved multi-vector index (see the module's docstring); build with ``build_multi_vector_index``."""
@@ -187,7 +189,7 @@ class MultiVectorIndex:
         self.tokens = np.memmap(path, dtype=self.dtype, mode="r", shape=(total, self.dimension))
         self._ivf = None
         if (self.directory / "index.faiss").is_file():
-            faiss = _faiss()
+            faiss = faiss_module()
             self._ivf = faiss.read_index(str(self.directory / "index.faiss"),
                                          getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP))
 
@@ -250,7 +252,7 @@ class MultiVectorIndex:
 
     def candidates(self, query: np.ndarray) -> np.ndarray:
         """The IVF's candidate documents of one query, at most ``rerank_depth``, best approximate score first."""
-        faiss = _faiss()
+        faiss = faiss_module()
         settings = self.settings
         faiss.extract_index_ivf(self._ivf).nprobe = min(settings.nprobe, self._ivf.nlist)
         fetch = min(settings.token_candidates, self._ivf.ntotal)

@@ -28,8 +28,8 @@ import numpy as np
 from ..embeddings.sparse_vectors import SparseVectors
 from ..errors import DataError, InputError
 from ..tasks.search import SearchResult
-from .base import (check_k, check_model, check_queries, copy_directory, padded_result, read_ids, read_meta, top_k,
-                   write_meta)
+from .base import (check_k, check_model, check_queries, copy_directory, padded_result, read_ids, read_meta,
+                   register_kind, top_k, write_meta)
 
 RUN_POSTINGS = 16_000_000  # postings buffered before a run is written (16M: 192 MB of buffers)
 MERGE_POSTINGS = 8_000_000  # postings per merged term range (8M: about 200 MB with the scatter's temporaries)
@@ -228,6 +228,7 @@ def _term_ranges(indptr: np.ndarray, budget: int) -> Iterable[tuple[int, int]]:
         first = last
 
 
+@register_kind
 @dataclass
 class SparseIndex:
     """A saved inverted index of sparse vectors (see the module's docstring); build with ``build_sparse_index`` or

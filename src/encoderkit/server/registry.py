@@ -232,9 +232,9 @@ def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> 
     /embed_all); a SPLADE SparseEncoder or any masked-LM gives sparse vectors (/embed_sparse, as
     text-embeddings-inference's ``--pooling splade``) and fills masks; a multi-vector (PyLate) model gives its
     token vectors at /embed_all; the heads serve their tasks."""
-    from ..embeddings.multi_vector import MultiVectorEmbedder, is_multi_vector_dir
+    from ..embeddings.multi_vector import MultiVectorEmbedder
     from ..embeddings.sparse import SparseEmbedder
-    from ..st_format import is_sparse_encoder
+    from ..st_format import is_multi_vector_dir, is_sparse_encoder
     from ..tasks.classify import Classifier
     from ..tasks.embed import Embedder
     from ..tasks.fill_mask import FillMask

@@ -220,8 +220,7 @@ class Embedder:
 def refuse_other_kinds(root: Path) -> None:
     """An InputError where ``root`` holds a sparse (SPLADE) or multi-vector (ColBERT) model, whose texts are not one
     pooled vector: pooling its encoder's states would give vectors it was never trained to give."""
-    from ..embeddings.multi_vector import is_multi_vector_dir
-    from ..st_format import is_sparse_encoder
+    from ..st_format import is_multi_vector_dir, is_sparse_encoder
 
     if is_sparse_encoder(root):
         raise InputError(f"{root} is a sparse (SPLADE) encoder: it gives term weights, not one dense vector; use "

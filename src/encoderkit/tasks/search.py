@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError, InputError
+from ..extras import faiss_module
 
 METRICS = ("cosine", "ip")
 KINDS = ("exact", "hnsw", "sq8", "ivfpq", "int8", "binary")
@@ -132,16 +133,28 @@ class VectorIndex:
         return (directory / "ids.txt").read_text(encoding="utf-8").splitlines()
 
 
+# kind -> its VectorIndex class: each registers itself (``register_index``). The compressed kinds live in
+# ``embeddings/compressed.py``, which imports this module; the package imports it, so it is registered before any
+# index is built or loaded, and this module imports none of its index kinds (no import cycle).
+INDEX_CLASSES: dict[str, type] = {}
+
+
+def register_index(*kinds: str):
+    """Class decorator: ``build_index`` and ``VectorIndex.load`` make indexes of ``kinds`` with the class."""
+    def register(cls: type) -> type:
+        INDEX_CLASSES.update(dict.fromkeys(kinds, cls))
+        return cls
+
+    return register
+
+
 def _index_class(kind: str) -> type[VectorIndex]:
-    if kind == "exact":
-        return ExactIndex
-    if kind in ("hnsw", "sq8"):
-        return ApproximateIndex
-    from ..embeddings.compressed import CompressedIndex
-
-    return CompressedIndex
+    if kind not in INDEX_CLASSES:
+        raise InputError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
+    return INDEX_CLASSES[kind]
 
 
+@register_index("exact")
 @dataclass
 class ExactIndex(VectorIndex):
     """Brute force: scores = queries @ vectors.T, scanned ``chunk_rows`` rows at a time."""
@@ -190,14 +203,7 @@ class ExactIndex(VectorIndex):
         return {"chunk_rows": self.chunk_rows}
 
 
-def _faiss():
-    try:
-        import faiss
-    except ImportError as exc:
-        raise InputError("approximate indexes need FAISS: pip install faiss-cpu (or use kind='exact')") from exc
-    return faiss
-
-
+@register_index("hnsw", "sq8")
 @dataclass
 class ApproximateIndex(VectorIndex):
     """FAISS HNSW (``connectivity``, ``ef_construction``, ``ef_search``) or 8-bit scalar quantisation."""
@@ -211,7 +217,7 @@ class ApproximateIndex(VectorIndex):
         super().__post_init__()
         if self.kind not in ("hnsw", "sq8"):
             raise InputError(f"approximate index kind must be 'hnsw' or 'sq8', found {self.kind!r}")
-        faiss = _faiss()
+        faiss = faiss_module()
         if self.kind == "hnsw":
             self._index = faiss.IndexHNSWFlat(self.dimension, self.connectivity, faiss.METRIC_INNER_PRODUCT)
             self._index.hnsw.efConstruction = self.ef_construction
@@ -231,10 +237,10 @@ class ApproximateIndex(VectorIndex):
         return scores, indices
 
     def _save_data(self, directory: Path) -> None:
-        _faiss().write_index(self._index, str(directory / "index.faiss"))
+        faiss_module().write_index(self._index, str(directory / "index.faiss"))
 
     def _load_data(self, directory: Path) -> None:
-        self._index = _faiss().read_index(str(directory / "index.faiss"))
+        self._index = faiss_module().read_index(str(directory / "index.faiss"))
 
     def _params(self) -> dict[str, Any]:
         return {"connectivity": self.connectivity, "ef_construction": self.ef_construction,
@@ -251,12 +257,8 @@ def build_index(vectors: np.ndarray, ids: Sequence[str] | None = None, *, kind: 
     cls = _index_class(kind)
     index = (ExactIndex(array.shape[1], metric, **params) if cls is ExactIndex
              else cls(array.shape[1], metric, kind=kind, **params))
-    if cls not in (ExactIndex, ApproximateIndex) and len(array):
-        from ..embeddings.compressed import ArraySource
-
-        # compressed kinds train on a seeded sample of all the vectors, not on the first chunk
-        sample = ArraySource(array).sample(index.train_sample, index.seed)
-        index.train(index._prepare(sample, "vectors"), total=len(array))
+    if hasattr(index, "train_on_sample") and len(array):  # compressed kinds: on a seeded sample of all the vectors
+        index.train_on_sample(array)
     for start in range(0, len(array), 65536):  # bounded extra memory for a memory-mapped input
         index.add(array[start:start + 65536], None if ids is None else ids[start:start + 65536])
     return index
