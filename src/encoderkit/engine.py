@@ -93,10 +93,8 @@ class Engine:
         packing), from its own thread. One lane: on this thread, with torch's threads as they are.
 
         Why: with two torch threads, every op of a forward pass ends at a barrier where one thread waits for the
-        other, so a thread that another process preempts stalls both. Lanes wait for nobody. Measured embedding
-        ag_news on 2 CPUs (Intel Xeon, all-MiniLM-L6-v2): two lanes 141 texts/s against 135 with two torch threads
-        (median of 4 interleaved rounds); on a local Ray cluster, whose daemons take about 6% of the CPUs, two
-        single-threaded actors ran 1.07x one process of two threads, one actor of two threads 0.90x."""
+        other, so a thread that another process preempts stalls both. Lanes wait for nobody (bench/peers.py and
+        bench/scale_embed.py measure it, BENCHMARKS.md)."""
         if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
             raise InputError(f"lanes must be a positive integer, found {lanes!r}")
         lengths, batches = self._plan(ids, max_batch_size)
@@ -162,8 +160,7 @@ class Engine:
 
 def lanes_for(threads: int) -> int:
     """The lanes a job that owns the process embeds in (``Engine.in_lanes``): two where torch has two threads or
-    more. On 2 CPUs (Intel Xeon, all-MiniLM-L6-v2, 300 ag_news texts), two lanes of one thread ran 1.13x one lane
-    of two threads, the median of 10 interleaved rounds (0.99x to 1.50x)."""
+    more: on 2 CPUs two lanes of one thread outran one lane of two threads (bench/peers.py, BENCHMARKS.md)."""
     return 2 if threads >= 2 else 1
 
 

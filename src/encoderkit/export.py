@@ -11,9 +11,8 @@ no shape or branch depends on the input's values and the batch and sequence axes
 
 The exporter is torch's TorchScript-based one (``torch.onnx.export(..., dynamo=False)``): it records the
 dynamic axes as named ``dynamic_axes`` and needs no onnxscript. The torch.export-based exporter, torch's
-default since 2.9, gives the same graph numerically (MiniLM: 3e-6 from encoderkit either way) but took about
-15 times as long on the test suite's tiny models (2.8 s against 0.18 s an export, ``tests/test_export.py``
-exports some 40), and needs onnxscript.
+default since 2.9, gives the same graph numerically but exports an order of magnitude more slowly (which the
+tests, exporting some 40 tiny models, would pay), and needs onnxscript.
 """
 from __future__ import annotations
 

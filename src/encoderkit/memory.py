@@ -6,10 +6,9 @@ its heap; memory taken again from the system is faulted in page by page, and eac
 
 - Training (``keep_freed_memory``): a step allocates and frees the same activations and gradients as the step
   before, some of them larger than any threshold (all-MiniLM-L6-v2's word-embedding gradient: 45 MiB). So every
-  block stays in the heap once freed, ready for the next step. Measured on a fine-tuning step (all-MiniLM-L6-v2,
-  CoNLL batches of 32, 2 threads, Intel Xeon): 17,083 page faults and 44 ms of kernel time per step with glibc's
-  defaults, 1,415 and 6 ms with these settings. The heap then holds the step's peak (what the peak RSS was
-  anyway) until the process ends.
+  block stays in the heap once freed, ready for the next step: a fine-tuning step then takes a tenth of the page
+  faults it takes with glibc's defaults (tests/test_memory.py counts them). The heap then holds the step's peak
+  (what the peak RSS was anyway) until the process ends.
 - Serving (``return_large_blocks``, ``encoderkit serve --steady-memory``): the opposite, so that resident memory
   stays flat while batches of every size come and go, at a cost in speed (see there).
 

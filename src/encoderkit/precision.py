@@ -116,8 +116,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device | None = None) 
 
 
 def warn_emulated_bf16() -> None:
-    """bf16 asked for on a CPU without bf16 matrix units: torch emulates it, far slower than fp32 (measured on an
-    AVX2-only EPYC: a bf16 matmul at 1 GFLOP/s against fp32's 174; embedding at 0.15x its fp32 speed)."""
+    """bf16 asked for on a CPU without bf16 matrix units: torch emulates it, far slower than fp32 (on an AVX2-only
+    EPYC, two orders of magnitude for a matrix product: bench/encode.py)."""
     log.warning("this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16 in its flags): bf16 is emulated "
                 "here and much slower than fp32. Use --dtype auto (fp32 on this CPU), or --dtype int8 for "
                 "inference at lower precision.")
@@ -132,10 +132,9 @@ TOKEN_BUDGETS = {
 }
 
 
-# A GPU's batches hold this many times the CPU's tokens. Measured on an H100 (bench/gpu.py, all-MiniLM-L6-v2, 10,000
-# texts, median of 3): fp32 at 16,384 tokens ran 0.86x and 0.95x the best budget of two runs (65,536 tokens), bf16 at
-# 32,768 was the best; the CPU's budgets (fp32 2,048, bf16 4,096) ran 0.46-0.59x and 0.50x. Larger factors gained
-# at most 16% for fp32, at several times the activation memory of larger models.
+# A GPU's batches hold this many times the CPU's tokens: near the best budget bench/gpu.py found on a GPU for fp32 and
+# bf16 (the CPU's budgets left half the speed unused there), while larger factors gained little for several times
+# the activation memory of larger models (BENCHMARKS.md, "On a GPU").
 GPU_BUDGET_FACTOR = 8
 
 

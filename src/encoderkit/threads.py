@@ -5,10 +5,8 @@ parallel region a team of worker threads of its own, and counts the threads of a
 than the process may use CPUs, every team stops spinning between parallel regions and sleeps on a futex instead
 (libgomp's "throttled" spin count), so each of the hundreds of short parallel regions of a forward pass pays a
 wake-up. Loading a model on one thread (copying weights runs parallel regions) and running it on another is enough
-to get there on a 2-CPU machine. Measured there, all-MiniLM-L6-v2 embedding 10,000 texts with 2 torch threads:
-346.7 texts/s loaded and run on the main thread (its two threads busy 98% and 98% of the time, 327 voluntary
-context switches); 328.1 texts/s loaded on the main thread and run on another (92% and 86%, 58,936 switches);
-352.4 texts/s loaded and run on that other thread (98% and 97%, 388 switches).
+to get there on a 2-CPU machine: there, a model loaded on one thread and run on another switched context about 150
+times as often as one loaded and run on the same thread, and embedded more slowly.
 
 So code that runs models away from the thread that calls it (the server's batchers, the studio, a Ray actor, whose
 methods Ray calls on threads of its own) loads and runs them through ``on_compute_thread``: one thread per process,

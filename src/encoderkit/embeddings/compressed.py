@@ -382,9 +382,8 @@ FEW_QUERIES = 16
 @contextlib.contextmanager
 def _threads_for(queries: int, kind: str) -> Iterator[None]:
     """One OpenMP thread for a full scan (int8, binary) of few queries. FAISS splits such a scan by query, so
-    more threads add nothing but their wait at the barrier, which on a loaded machine costs tens of ms a
-    query: measured on 2 busy cores, one query over 20k binary codes took 86 ms with 2 threads, 0.05 ms with
-    1; over 50k int8 codes 44 ms and 4 ms. IVF searches keep their threads."""
+    more threads add nothing but their wait at the barrier, which on a loaded machine costs more than the scan
+    itself (bench/big_index.py). IVF searches keep their threads."""
     faiss = faiss_module()
     if kind == "ivfpq" or queries > FEW_QUERIES or faiss.omp_get_max_threads() == 1:
         yield

@@ -31,10 +31,9 @@ from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
 
 
-# SDPA's kernels on a GPU, without cuDNN's. Measured on an H100 (bench/gpu.py, all-MiniLM-L6-v2 fine-tuning on
-# SST-2, bf16 autocast), SDPA chose cuDNN's attention for bf16, and its 264 calls in 20 steps took 1.9 s of host time
-# (7-8 ms each, against 21-24 us on the GPU): 4.0 steps/s, where fp32 (the memory-efficient kernel) ran 59. cuDNN
-# plans for each new input shape, and packed batches bring new shapes at nearly every step. Without it: 50.1 steps/s.
+# SDPA's kernels on a GPU, without cuDNN's: for bf16 SDPA chooses cuDNN's attention, which plans anew for each input
+# shape, and packed batches bring new shapes at nearly every step, so its host time dwarfed the kernels' (bench/gpu.py's
+# fine-tuning profile, BENCHMARKS.md).
 _GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

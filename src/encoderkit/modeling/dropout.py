@@ -1,16 +1,14 @@
 """Dropout for training on the CPU: keep-masks from a counter-based generator, drawn and applied in one native pass.
 
 torch's CPU dropout draws a 32-bit Mersenne Twister number for every element (``bernoulli_``), one at a time, and
-keeps the mask for the backward pass. Fine-tuning all-MiniLM-L6-v2 on SST-2 (2 threads, Intel Xeon), those draws
-took 13% of the step (bench/finetune.py's step profile, in the same run as transformers' Trainer, which pays the
-same). On SQuAD the attention probabilities of a batch of 16 windows of 384 tokens are 28 million elements a layer.
+keeps the mask for the backward pass: a visible share of a fine-tuning step (bench/finetune.py's step profile). On
+SQuAD the attention probabilities of a batch of 16 windows of 384 tokens are 28 million elements a layer.
 
 Here, where encoderkit's native library is built (``encoderkit.native``, ``training.cpp``), the mask of element i is
 a function of a seed and i alone: 16 bits of a Philox4x32-10 block (Salmon et al., SC 2011; the generator of
 torch's CUDA kernels; training.cpp says which bits), drawn and applied in one pass on torch's threads. No mask is
-stored: the backward pass draws it again from the seed. Measured on those 28 million elements (Intel Xeon, Cascade
-Lake, 2 threads), forward and backward: 51 ms, against 132 ms with numpy masks (below) and 319 ms with torch's
-dropout; on SST-2's (438, 1536) MLP states 1.6 ms against 3.5 and 7.8.
+stored: the backward pass draws it again from the seed. It is faster than numpy's masks (below) and torch's dropout,
+forward and backward (bench/training_kernels.py, BENCHMARKS.md).
 
 Without the native library, each mask is the same Philox4x32-10 bits computed by numpy (``philox_bits``), and is
 kept for the backward pass: one seed trains the same on a machine without a compiler.

@@ -41,11 +41,10 @@ SMALL_FP32_ROWS = 32
 @functools.cache
 def mkl_for_small_products() -> bool:
     """Whether fp32 products of few rows run on MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, MKL's
-    cblas_sgemm_compute on a weight packed once) rather than oneDNN's. Measured on an Intel Xeon (Cascade Lake,
-    AVX-512, 2 threads), the whole all-MiniLM-L6-v2 forward of one sequence took 0.85x oneDNN's time at 16 tokens,
-    0.96x at 32 and 1.07x at 64: MKL's product is the faster one with few rows, while oneDNN fuses GELU and the
-    residual add into its product, which wins once the rows are many. Intel CPUs only: elsewhere MKL takes a
-    generic path (on an AMD EPYC, oneDNN's products ran at twice MKL's speed, ``modeling.training_linear``).
+    cblas_sgemm_compute on a weight packed once) rather than oneDNN's. On Intel CPUs MKL's product is the faster one
+    with few rows, while oneDNN fuses GELU and the residual add into its product, which wins once the rows are many
+    (bench/latency_floor.py). Intel CPUs only: elsewhere MKL takes a generic path, slower than oneDNN's
+    (``modeling.training_linear``).
 
     torch packs the weight for a nominal row count; MKL's packed B does not depend on it, which is checked here
     once, on products of several row counts against ``F.linear``: where it differs, oneDNN serves every product."""
@@ -216,9 +215,9 @@ class Int8Prepacked(Prepacked):
     """Weights quantised to int8 per output channel (symmetric), multiplied with activations quantised to uint8
     at each call (asymmetric: one scale and zero point per matrix, from its min and max), by PyTorch's dynamic
     quantised linear on oneDNN (``torch.ops.quantized.linear_dynamic``): fp32 in and out, the bias added in
-    fp32. Measured at these models' shapes (2 threads, AVX512-VNNI): 2-3x faster than the fp32 oneDNN
-    product in batches, where FBGEMM's (the x86 default engine) was no faster than fp32 and
-    ``onednn.qlinear_pointwise`` with plain int8 tensors 4-15x slower. Products of few rows (one short text)
+    fp32. At these models' shapes it is the fastest of PyTorch's int8 products in batches (FBGEMM's, the x86
+    default engine, and ``onednn.qlinear_pointwise`` with plain int8 tensors were slower; bench/int8.py). Products
+    of few rows (one short text)
     cost oneDNN more per call than FBGEMM, so with AVX512-VNNI those run on FBGEMM, the same arithmetic
     (``_fbgemm_for_small_products``). Where PyTorch has no oneDNN the same arithmetic runs in fp32.
 

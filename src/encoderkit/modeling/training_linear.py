@@ -2,11 +2,10 @@
 in place for training.
 
 PyTorch's CPU ``F.linear`` and the matrix products of its backward go to MKL's sgemm. On CPUs that are not Intel's
-(AMD EPYC here: MKL takes a generic path there) oneDNN's fp32 kernels are about twice as fast at the shapes of a
-training step (tokens x 384 x 1536), and all three products of a linear layer -- the forward, the input gradient
-and the weight gradient -- can run there. On Intel CPUs MKL is the faster one: on a Xeon (Cascade Lake, 2
-threads) an all-MiniLM-L6-v2 fine-tuning step took 0.84x (CoNLL) and 0.86x (SST-2) of its time with oneDNN's
-products (``onednn_for_training``). The results are fp32 products either way (oneDNN accumulates in another
+(AMD EPYC: MKL takes a generic path there) oneDNN's fp32 kernels are faster at the shapes of a training step
+(tokens x 384 x 1536), and all three products of a linear layer -- the forward, the input gradient and the weight
+gradient -- can run there. On Intel CPUs MKL is the faster one (bench/training_kernels.py;
+``onednn_for_training``). The results are fp32 products either way (oneDNN accumulates in another
 order: the same outputs within fp32 rounding, tested against float64 and MKL).
 
 ``for_training(model)`` turns the model's plain ``nn.Linear`` modules into ``TrainingLinear``: still

@@ -1,10 +1,9 @@
 """A native kernel for the layers of a post-norm encoder on few tokens: the single-text (serving) case.
 
-Why: for one short text, a PyTorch forward of all-MiniLM-L6-v2 spends more time between its ops than in them. On 2
-CPUs (Intel Xeon, Cascade Lake) the least PyTorch loop over pre-packed MKL products took 7.2 ms where ONNX Runtime
-takes 4.6 ms for the whole model, and its 24 matrix products alone took 4.4 ms (bench/latency_floor.py): each
-product reads its weights from memory once for a handful of rows, and about a hundred Python calls and dispatches
-sit around them. ``small_batch.cpp`` runs every layer in one call: weights packed once into panels read front to
+Why: for one short text, a PyTorch forward of all-MiniLM-L6-v2 spends more time between its ops than in them: the
+least PyTorch loop over pre-packed products is slower than ONNX Runtime's whole model, though its matrix products
+alone are not (bench/latency_floor.py): each product reads its weights from memory once for a handful of rows, and
+about a hundred Python calls and dispatches sit around them. ``small_batch.cpp`` runs every layer in one call: weights packed once into panels read front to
 back, bias, activation and residual applied in registers, attention per sequence and head, LayerNorm, on torch's
 own OpenMP team (the caller's torch thread count).
 
@@ -14,8 +13,7 @@ too, with the same arithmetic: each product's input rows, divided by the smoothi
 and zero point for the matrix (its minimum and maximum), then summed exactly in 32 bits by 8-bit dot-product
 instructions (AVX512-VNNI, or AVX-VNNI on 256-bit vectors) and scaled back to fp32. Without those instructions see
 below. The guard's calibration itself runs the PyTorch layers, which observe and
-measure. Measured on all-MiniLM-L6-v2 (Cascade Lake, 2 threads), one short text: 2.1 ms against 10.6 ms on
-PyTorch's int8 kernels (bench/latency_floor.py).
+measure. For one short text it is several times faster than PyTorch's int8 kernels (bench/latency_floor.py).
 
 It applies, through ``EncoderModel.run`` (the one forward; this is a kernel switch like SDPA's), where all of
 these hold: the model was prepared by ``for_inference`` (in fp32, int8 layers or not, or in bf16: see below), runs
@@ -26,11 +24,9 @@ most ``INT8_MAX_LENGTH``). Everything else runs the PyTorch layers as before.
 
 bf16 (``dtype="bf16"``, and ``"auto"`` where it means bf16): batches of at most ``MAX_TOKENS`` tokens run here too,
 in fp32, from the fp32 parameters (for_inference keeps them beside its bf16 packs): at this size the kernel's fp32
-layers are faster than bf16 products, and exact. Measured on an AMD EPYC with AVX512-BF16 (2 threads,
-all-MiniLM-L6-v2, ``Embedder.encode``, interleaved, medians): one short text 1.17 ms against 2.05 ms with bf16
-products, two 1.75 against 2.65, four 2.97 against 4.21. (On the AMX Xeon, in separate runs at 2 threads, bf16's
-single text took 5.2-6.2 ms and the fp32 kernel's 2.2 ms.) So a text's bf16 vector depends, within bf16's error
-(about 1e-3), on whether its batch was small enough for the kernel.
+layers are faster than bf16 products, and exact (on CPUs with AVX512-BF16 and with AMX: bench/latency_floor.py).
+So a text's bf16 vector depends, within bf16's error (about 1e-3), on whether its batch was small enough for the
+kernel.
 
 int8 without VNNI (AVX2, AVX-512 without VNNI): the kernel adds pairs of u8 x s8 products into 16 bits
 (vpmaddubsw), as PyTorch's int8 kernels do there, which is exact for the 7-bit weight codes int8 weights get on
@@ -65,15 +61,12 @@ from .loader import Embedding as _Embedding, Layer as _Layer, Linear as _Linear,
 
 log = logging.getLogger(__name__)
 
-# Batches of at most this many tokens take the native kernel. Measured on all-MiniLM-L6-v2 (Intel Xeon, Cascade Lake,
-# AVX-512, 2 threads; Engine.encode_tokens, interleaved, p50), native against the PyTorch layers: one sequence of
-# 32 tokens 8.7 against 12.5 ms, of 64 tokens 17.0 against 19.7 ms, four of 16 14.7 against 20.2 ms. Its attention
-# is a plain loop per sequence and head, quadratic in the length: longer inputs stay on PyTorch's kernels.
+# Batches of at most this many tokens take the native kernel, where it beat the PyTorch layers (bench/native_phases.py).
+# Its attention is a plain loop per sequence and head, quadratic in the length: longer inputs stay on PyTorch's kernels.
 MAX_TOKENS = 64
-# int8: batches of at most INT8_MAX_TOKENS tokens whose sequences have at most INT8_MAX_LENGTH tokens each. Measured the
-# same way (int8, native against PyTorch's int8 kernels): 32 sequences of 16 tokens 49 against 65 ms, of 32 tokens
-# 104 against 116, of 64 tokens 233 against 300; 16 of 64 117 against 120; but 8 of 128 141 against 128 and one of
-# 512 137 against 90 (the attention loop). In fp32 the kernel lost from 256 tokens on (8 of 32: 43 against 36 ms).
+# int8: batches of at most INT8_MAX_TOKENS tokens whose sequences have at most INT8_MAX_LENGTH tokens each, where the
+# kernel beat PyTorch's int8 kernels; with longer sequences its attention loop lost (bench/native_phases.py). In fp32
+# it lost from a few hundred tokens on, hence MAX_TOKENS.
 INT8_MAX_TOKENS, INT8_MAX_LENGTH = 2048, 64
 ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 

@@ -170,8 +170,7 @@ class Embedder:
         all of them (``Engine.in_lanes``); the same vectors. torch's thread count is process-wide, so the lanes
         change it while they run: the default (None) takes two lanes only where this is the only Python thread
         (``engine.owns_process``: a script or a job, not a server or a notebook), else one; ``lanes=1`` never
-        changes it. On 2 CPUs (Intel Xeon, all-MiniLM-L6-v2, 2,000 texts in batches of 32) two lanes ran 1.41x and
-        1.13x one lane of two threads in two runs of bench/peers.py (each the median of 3 interleaved rounds).
+        changes it. Two lanes outran one lane of two threads on 2 CPUs (bench/peers.py, BENCHMARKS.md).
         ``prompt`` / ``prompt_name``: for this call, as sentence-transformers' ``encode`` takes them (``prompt_of``);
         neither: the embedder's prompt.
         """
