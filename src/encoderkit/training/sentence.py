@@ -301,21 +301,9 @@ class EmbedderRecipe:
             raise InputError("--matryoshka cannot be used with the softmax loss (its classifier reads the full vector)")
 
 
-def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path,
-                     recipe: EmbedderRecipe | None = None) -> EmbedderSetup:
-    """Read the data, load the model and build the loss and the Trainer of ``train_embedder``, without training."""
-    r = recipe or EmbedderRecipe()
-    loss, epochs, batch_size, matryoshka_dims, valid, seed = (r.loss, r.epochs, r.batch_size, r.matryoshka_dims,
-                                                              r.valid, r.seed)
-    world = world_and_rank()[0]
-    gather = (loss in GATHERING_LOSSES if r.gather_across_processes is None else r.gather_across_processes) and \
-        world > 1
-    data = read_training_file(train_file, loss=loss)
-    if loss == "softmax" and len(data.labels or {}) < 2:
-        raise DataError(f"{train_file}: the softmax loss classifies pairs into at least 2 labels, and the file has "
-                        f"one ({', '.join(data.label_names)}); add pairs of another label or use another loss")
-    if loss == "triplet" and not data.negative_columns:
-        raise DataError(f"{train_file}: the triplet loss needs a negative column (anchor, positive, negative)")
+def _embedder_model(model_dir: str | Path | None, r: EmbedderRecipe) -> Any:
+    """The model ``r.kind`` trains (SentenceModel, SparseModel or MultiVectorModel), with the prompts it trains with
+    recorded on it (so that it saves them)."""
     if r.kind == "sparse":
         from ..embeddings.sparse import SparseModel
 
@@ -324,7 +312,8 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         from ..embeddings.multi_vector import MultiVectorModel
 
         lengths = {"document_length": r.max_length} if r.max_length else {}
-        model = MultiVectorModel.from_pretrained(model_dir, dimension=r.multi_vector_dimension, seed=seed, **lengths)
+        model = MultiVectorModel.from_pretrained(model_dir, dimension=r.multi_vector_dimension, seed=r.seed,
+                                                 **lengths)
     else:
         model = SentenceModel.from_pretrained(model_dir, pooling=r.pooling, normalize=r.normalize,
                                               max_length=r.max_length)
@@ -334,46 +323,56 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
         model.settings = model.settings.with_overrides(prompts={**model.settings.prompts, **trained_prompts})
     elif trained_prompts:
         model.prompts = {**getattr(model, "prompts", {}), **trained_prompts}
-    if matryoshka_dims:
-        too_big = [d for d in matryoshka_dims if d > model.dimension]
+    if r.matryoshka_dims:
+        too_big = [d for d in r.matryoshka_dims if d > model.dimension]
         if too_big:
             raise InputError(f"Matryoshka dims {too_big} exceed the model's dimension {model.dimension}")
+    return model
 
+
+def _loss_module(r: EmbedderRecipe, model: Any, labels: int, gather: bool) -> nn.Module:
+    """The loss ``r.loss`` names, with its settings (``labels``: the softmax loss's classes)."""
     cosine_scale = 20.0 if r.scale is None else r.scale
 
     def wrap(inner: nn.Module) -> nn.Module:
-        return L.MatryoshkaLoss(inner, matryoshka_dims) if matryoshka_dims else inner
+        return L.MatryoshkaLoss(inner, r.matryoshka_dims) if r.matryoshka_dims else inner
 
-    if loss == "mnrl":
-        loss_module: nn.Module = wrap(L.MultipleNegativesRankingLoss(scale=cosine_scale,
-                                                                     gather_across_processes=gather))
-    elif loss == "cached-mnrl":
-        loss_module = L.CachedMultipleNegativesRankingLoss(
+    if r.loss == "mnrl":
+        return wrap(L.MultipleNegativesRankingLoss(scale=cosine_scale, gather_across_processes=gather))
+    if r.loss == "cached-mnrl":
+        return L.CachedMultipleNegativesRankingLoss(
             model, mini_batch_size=r.mini_batch_size,
             loss=wrap(L.MultipleNegativesRankingLoss(scale=cosine_scale, gather_across_processes=gather)))
-    elif loss == "cosent":
-        loss_module = wrap(L.CoSENTLoss(scale=cosine_scale, gather_across_processes=gather))
-    elif loss == "cosine":
-        loss_module = wrap(L.CosineSimilarityLoss())
-    elif loss == "softmax":
-        loss_module = L.SoftmaxLoss(model.dimension, len(data.labels or {}))
-    elif loss == "maxsim":
-        loss_module = L.MaxSimMultipleNegativesRankingLoss(scale=1.0 if r.scale is None else r.scale,
-                                                           gather_across_processes=gather)
-    elif loss == "splade":
-        loss_module = L.SpladeLoss(r.query_regularizer_weight, r.document_regularizer_weight,
-                                   gather_across_processes=gather)
-    else:
-        loss_module = wrap(L.TripletLoss(margin=r.triplet_margin))
+    if r.loss == "cosent":
+        return wrap(L.CoSENTLoss(scale=cosine_scale, gather_across_processes=gather))
+    if r.loss == "cosine":
+        return wrap(L.CosineSimilarityLoss())
+    if r.loss == "softmax":
+        return L.SoftmaxLoss(model.dimension, labels)
+    if r.loss == "maxsim":
+        return L.MaxSimMultipleNegativesRankingLoss(scale=1.0 if r.scale is None else r.scale,
+                                                    gather_across_processes=gather)
+    if r.loss == "splade":
+        return L.SpladeLoss(r.query_regularizer_weight, r.document_regularizer_weight, gather_across_processes=gather)
+    return wrap(L.TripletLoss(margin=r.triplet_margin))
 
+
+@dataclass
+class _Batching:
+    """What the Trainer iterates over: its items, its batch size, the collate function and the steps an epoch."""
+    items: Sequence[Any]
+    batch_size: int
+    collate: Any
+    steps_per_epoch: int
+    drop_last: bool
+
+
+def _batching(r: EmbedderRecipe, model: Any, data: Any, columns: int, world: int, gather: bool,
+              train_file: str | Path) -> _Batching:
+    """MNRL-like losses (in-batch negatives): global no-duplicate batches of processes x batch_size, process p
+    training on slice p of each (the Trainer hands process p item position * processes + p, so no text repeats
+    across processes either), with text ids for the duplicates mask. The others: plain batches of examples."""
     examples = data.examples
-    if data.shape == ANCHOR_POSITIVE:
-        columns = 2 + len(data.negative_columns)
-        if loss == "triplet":
-            columns = 3
-    else:
-        columns = 2
-    tokenizer = model.tokenizer
 
     def tokenize_columns(rows: list[Any]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
@@ -386,11 +385,8 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
             out.update({keys[name]: value for name, value in batch.items()})
         return out
 
-    mnrl_like = loss in NO_DUPLICATE_BATCHES
-    if mnrl_like:
-        # Global batches of processes x batch_size without repeated texts; process p trains on slice p of each
-        # (the Trainer hands process p item position * processes + p), so no text repeats across processes either.
-        batcher = NoDuplicatesBatcher(examples, batch_size * world, seed=seed, fill=True, drop_last=False)
+    if r.loss in NO_DUPLICATE_BATCHES:
+        batcher = NoDuplicatesBatcher(examples, r.batch_size * world, seed=r.seed, fill=True, drop_last=False)
         cache: dict[int, list[list[int]]] = {}
 
         def batches_of(epoch: int) -> list[list[int]]:
@@ -401,58 +397,70 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
 
         if not batches_of(0):
             raise DataError(f"{train_file}: {len(examples)} examples cannot give each of {world} processes one")
-        train_items: Sequence[Any] = list(range(len(batches_of(0)) * world))
-        trainer_batch = 1
 
-        def collate(items: list[int], epoch: int) -> dict[str, torch.Tensor]:
+        def collate_global(items: list[int], epoch: int) -> dict[str, torch.Tensor]:
             (item,) = items
             global_batch = [examples[i] for i in batches_of(epoch)[item // world]]
             size = len(global_batch) // world
             local = slice(item % world * size, (item % world + 1) * size)
-            rows = global_batch[local]
-            batch = tokenize_columns(rows)
+            batch = tokenize_columns(global_batch[local])
             # text ids numbered over the whole global batch: equal on every process for one text
             ids = L.text_ids([[e.texts[c] for e in global_batch] for c in range(columns)])
             batch["duplicates"] = ids[:, local]
             return batch
-    else:
-        train_items = examples
-        trainer_batch = batch_size
 
-        def collate(rows: list[Any], epoch: int) -> dict[str, torch.Tensor]:
-            batch = tokenize_columns(rows)
-            if data.shape == SCORED_PAIR:
-                batch["scores"] = torch.tensor([e.score for e in rows], dtype=torch.float32)
-            elif data.shape == LABELLED_PAIR:
-                batch["labels"] = torch.tensor([e.label for e in rows], dtype=torch.long)
-            return batch
+        return _Batching(list(range(len(batches_of(0)) * world)), 1, collate_global, len(batches_of(0)), False)
+
+    def collate(rows: list[Any], epoch: int) -> dict[str, torch.Tensor]:
+        batch = tokenize_columns(rows)
+        if data.shape == SCORED_PAIR:
+            batch["scores"] = torch.tensor([e.score for e in rows], dtype=torch.float32)
+        elif data.shape == LABELLED_PAIR:
+            batch["labels"] = torch.tensor([e.label for e in rows], dtype=torch.long)
+        return batch
 
     # The gathering CoSENT needs one batch size on every process: the last incomplete global batch is dropped.
-    drop_last = gather and not mnrl_like
-    global_batch_size = batch_size * world
-    if mnrl_like:
-        steps_per_epoch = len(train_items) // world
-    else:
-        steps_per_epoch = (len(train_items) // global_batch_size if drop_last
-                           else -(-len(train_items) // global_batch_size))
-        if steps_per_epoch == 0:
-            raise DataError(f"{train_file}: {len(train_items)} examples do not fill one batch of {batch_size} on each "
-                            f"of {world} processes; lower --batch-size")
-    total_steps = r.max_steps or max(1, math.ceil(epochs * steps_per_epoch))
+    global_batch_size = r.batch_size * world
+    steps = len(examples) // global_batch_size if gather else -(-len(examples) // global_batch_size)
+    if steps == 0:
+        raise DataError(f"{train_file}: {len(examples)} examples do not fill one batch of {r.batch_size} on each "
+                        f"of {world} processes; lower --batch-size")
+    return _Batching(examples, r.batch_size, collate, steps, gather)
+
+
+def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path,
+                     recipe: EmbedderRecipe | None = None) -> EmbedderSetup:
+    """Read the data, load the model and build the loss and the Trainer of ``train_embedder``, without training."""
+    r = recipe or EmbedderRecipe()
+    world = world_and_rank()[0]
+    gather = (r.loss in GATHERING_LOSSES if r.gather_across_processes is None else r.gather_across_processes) and \
+        world > 1
+    data = read_training_file(train_file, loss=r.loss)
+    if r.loss == "softmax" and len(data.labels or {}) < 2:
+        raise DataError(f"{train_file}: the softmax loss classifies pairs into at least 2 labels, and the file has "
+                        f"one ({', '.join(data.label_names)}); add pairs of another label or use another loss")
+    if r.loss == "triplet" and not data.negative_columns:
+        raise DataError(f"{train_file}: the triplet loss needs a negative column (anchor, positive, negative)")
+    model = _embedder_model(model_dir, r)
+    loss_module = _loss_module(r, model, len(data.labels or {}), gather)
+    columns = (3 if r.loss == "triplet" else 2 + len(data.negative_columns)) if data.shape == ANCHOR_POSITIVE else 2
+    batching = _batching(r, model, data, columns, world, gather, train_file)
+    total_steps = r.max_steps or max(1, math.ceil(r.epochs * batching.steps_per_epoch))
     evaluate = None
     metric = None
-    if valid is not None:
-        metric, evaluate = _validation(valid, loss, data.labels)
-    config = TrainingConfig(output_dir=str(out_dir), max_steps=total_steps, batch_size=trainer_batch,
+    if r.valid is not None:
+        metric, evaluate = _validation(r.valid, r.loss, data.labels)
+    config = TrainingConfig(output_dir=str(out_dir), max_steps=total_steps, batch_size=batching.batch_size,
                             learning_rate=r.learning_rate, warmup_ratio=r.warmup_ratio, eval_every=r.eval_every,
-                            save_every=r.save_every, seed=seed, bf16=r.bf16, device=r.device, drop_last=drop_last,
-                            time_budget_s=r.time_budget_s, show_progress=r.show_progress, metric_for_best=metric,
-                            shuffle=not mnrl_like,  # MNRL's batches come shuffled, and slice p of one goes to process p
-                            save_final=True)
-    wrapper = EmbedderTraining(model, loss_module, loss, columns)
-    trainer = Trainer(wrapper, config, train_items, collate,
-                      evaluate=(lambda m: evaluate(m.model)) if evaluate else None, tokenizer=tokenizer)
-    return EmbedderSetup(trainer=trainer, model=model, metric=metric, examples=len(examples))
+                            save_every=r.save_every, seed=r.seed, bf16=r.bf16, device=r.device,
+                            drop_last=batching.drop_last, time_budget_s=r.time_budget_s,
+                            show_progress=r.show_progress, metric_for_best=metric,
+                            # in-batch negatives' batches come shuffled, and slice p of one goes to process p
+                            shuffle=r.loss not in NO_DUPLICATE_BATCHES, save_final=True)
+    wrapper = EmbedderTraining(model, loss_module, r.loss, columns)
+    trainer = Trainer(wrapper, config, batching.items, batching.collate,
+                      evaluate=(lambda m: evaluate(m.model)) if evaluate else None, tokenizer=model.tokenizer)
+    return EmbedderSetup(trainer=trainer, model=model, metric=metric, examples=len(data.examples))
 
 
 def train_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path,
