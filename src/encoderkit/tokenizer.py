@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from .errors import InputError, TokenizerError
+from .tokenizer_pipelines import (add_specials, deberta_v2_unk_id, set_bert_template, set_deberta_v2_pipeline,
+                                  set_roberta_processing, set_xlm_roberta_pipeline)
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,7 @@ class Tokenizer:
     @classmethod
     def _from_tokenizer_json(cls, path: Path, settings: dict[str, Any], max_length: int) -> "Tokenizer":
         """A tokenizer.json as transformers loads it: as written, except for the classes transformers
-        rebuilds from the vocabulary (DeBERTa-v2/v3: see ``_set_deberta_v2_pipeline``)."""
+        rebuilds from the vocabulary (DeBERTa-v2/v3: see ``set_deberta_v2_pipeline``)."""
         from tokenizers import Tokenizer as Backend
 
         expected = f"a `tokenizers` tokenizer.json whose model has a type among {', '.join(_MODEL_TYPES)}"
@@ -172,7 +174,7 @@ class Tokenizer:
             if model_type not in (None, "Unigram"):
                 raise TokenizerError(f"{path} has a {model_type} model, but its tokenizer class {tokenizer_class} "
                                      f"needs a Unigram (SentencePiece) model")
-            unk_id = _deberta_v2_unk_id(model.get("vocab") or [], specials.get("unk", "[UNK]"), settings.get("unk_id"))
+            unk_id = deberta_v2_unk_id(model.get("vocab") or [], specials.get("unk", "[UNK]"), settings.get("unk_id"))
             if (model.get("unk_id"), model.get("byte_fallback")) != (unk_id, False):
                 model.update(unk_id=unk_id, byte_fallback=False)
                 text = json.dumps(data, ensure_ascii=False)
@@ -191,11 +193,11 @@ class Tokenizer:
             lowercase = bool(lowercase)
             options = {"split_by_punct": bool(settings.get("split_by_punct", False)),
                        "add_prefix_space": bool(settings.get("add_prefix_space", True))}
-            _set_deberta_v2_pipeline(backend, named, lowercase=lowercase, **options)
+            set_deberta_v2_pipeline(backend, named, lowercase=lowercase, **options)
             options["unk_id"] = unk_id
         if xlm_roberta:
             options = {"add_prefix_space": bool(settings.get("add_prefix_space", True))}
-            _set_xlm_roberta_pipeline(backend, data.get("normalizer"), {"bos": "<s>", "eos": "</s>", **specials},
+            set_xlm_roberta_pipeline(backend, data.get("normalizer"), {"bos": "<s>", "eos": "</s>", **specials},
                                       **options)
         return cls(backend, kind=kind, model_max_length=max_length, lowercase=lowercase, special_tokens=specials,
                    tokenizer_class=tokenizer_class or "PreTrainedTokenizerFast", options=options)
@@ -224,8 +226,8 @@ class Tokenizer:
                                                         strip_accents=strip_accents, lowercase=lowercase)
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         backend.decoder = decoders.WordPiece(prefix="##")
-        _add_specials(backend, specials, mask_lstrip=False)
-        _set_bert_template(backend, specials["cls"], specials["sep"])
+        add_specials(backend, specials, mask_lstrip=False)
+        set_bert_template(backend, specials["cls"], specials["sep"])
         return cls(backend, kind="wordpiece", model_max_length=model_max_length, lowercase=lowercase,
                    special_tokens=specials)
 
@@ -247,8 +249,8 @@ class Tokenizer:
         for role in ("cls", "sep"):
             if backend.token_to_id(specials[role]) is None:
                 raise TokenizerError(f"{vocab_file} lacks the {role} token {specials[role]!r}")
-        _add_specials(backend, specials, mask_lstrip=True)
-        _set_roberta_processing(backend, specials, add_prefix_space)
+        add_specials(backend, specials, mask_lstrip=True)
+        set_roberta_processing(backend, specials, add_prefix_space)
         return cls(backend, kind="bpe", model_max_length=model_max_length, special_tokens=specials)
 
     # ----- properties -------------------------------------------------------------------------
@@ -449,11 +451,11 @@ def train_tokenizer(files: Sequence[str | Path], *, kind: str = "wordpiece", voc
     except Exception as exc:
         raise InputError(f"tokenizer training failed: {exc} (are the files UTF-8 text?)") from exc
     if kind == "wordpiece":
-        _add_specials(backend, specials, mask_lstrip=False)
-        _set_bert_template(backend, specials["cls"], specials["sep"])
+        add_specials(backend, specials, mask_lstrip=False)
+        set_bert_template(backend, specials["cls"], specials["sep"])
     else:
-        _add_specials(backend, specials, mask_lstrip=True)
-        _set_roberta_processing(backend, specials, add_prefix_space=False)
+        add_specials(backend, specials, mask_lstrip=True)
+        set_roberta_processing(backend, specials, add_prefix_space=False)
     return Tokenizer(backend, kind=kind, model_max_length=model_max_length,
                      lowercase=lowercase if kind == "wordpiece" else None, special_tokens=specials)
 
@@ -500,92 +502,6 @@ def _read_wordpiece_vocab(path: Path) -> dict[str, int]:
     if not vocab:
         raise TokenizerError(f"{path} is empty")
     return vocab
-
-
-def _add_specials(backend: Any, specials: dict[str, str], mask_lstrip: bool) -> None:
-    from tokenizers import AddedToken
-
-    seen = []
-    for role, token in specials.items():
-        if token in seen or backend.token_to_id(token) is None:
-            continue
-        seen.append(token)
-        backend.add_special_tokens([AddedToken(token, special=True, normalized=False,
-                                               lstrip=mask_lstrip and role == "mask")])
-
-
-def _set_bert_template(backend: Any, cls_token: str, sep_token: str) -> None:
-    from tokenizers import processors
-
-    cls_id, sep_id = backend.token_to_id(cls_token), backend.token_to_id(sep_token)
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{cls_token}:0 $A:0 {sep_token}:0",
-        pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
-        special_tokens=[(cls_token, cls_id), (sep_token, sep_id)],
-    )
-
-
-def _set_roberta_processing(backend: Any, specials: dict[str, str], add_prefix_space: bool) -> None:
-    from tokenizers import processors
-
-    backend.post_processor = processors.RobertaProcessing(
-        (specials["sep"], backend.token_to_id(specials["sep"])),
-        (specials["cls"], backend.token_to_id(specials["cls"])),
-        trim_offsets=True, add_prefix_space=add_prefix_space,
-    )
-
-
-def _set_deberta_v2_pipeline(backend: Any, specials: dict[str, str], *, lowercase: bool, split_by_punct: bool,
-                             add_prefix_space: bool) -> None:
-    """The normalizer, pre-tokenizer, decoder and [CLS]/[SEP] template that transformers' DebertaV2Tokenizer
-    builds itself: it keeps only the vocabulary of tokenizer.json (transformers 5 replaces the SentencePiece
-    normalizer, Strip + Precompiled charsmap + Replace, with whitespace clean-up, NFC and a right strip)."""
-    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
-
-    steps = [normalizers.Lowercase()] if lowercase else []
-    steps += [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
-              normalizers.Strip(left=False, right=True)]
-    backend.normalizer = normalizers.Sequence(steps)
-    scheme = "always" if add_prefix_space else "first"
-    splits = [pre_tokenizers.Punctuation(behavior="isolated")] if split_by_punct else []
-    backend.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.Metaspace(replacement="▁",
-                                                                                        prepend_scheme=scheme)])
-    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
-    _set_bert_template(backend, specials["cls"], specials["sep"])
-
-
-def _set_xlm_roberta_pipeline(backend: Any, normalizer: Any, specials: dict[str, str], *,
-                              add_prefix_space: bool) -> None:
-    """The pipeline transformers' XLMRobertaTokenizer builds itself around tokenizer.json's vocabulary: the
-    SentencePiece charsmap (the Precompiled step of tokenizer.json's normalizer, if any) as the only normalizer,
-    whitespace splitting then Metaspace, and <s> A </s> (</s> B </s>) with every type id 0. Whitespace splitting
-    drops what the file's own pre-tokenizer kept: runs of spaces, and a trailing space's "▁" token."""
-    import base64
-
-    from tokenizers import decoders, normalizers, pre_tokenizers, processors
-
-    steps = normalizer.get("normalizers", []) if isinstance(normalizer, dict) and \
-        normalizer.get("type") == "Sequence" else [normalizer]
-    charsmap = next((step["precompiled_charsmap"] for step in steps if isinstance(step, dict)
-                     and step.get("type") == "Precompiled" and step.get("precompiled_charsmap")), None)
-    backend.normalizer = normalizers.Precompiled(base64.b64decode(charsmap)) if charsmap else None
-    scheme = "always" if add_prefix_space else "never"
-    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                     pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme)])
-    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
-    bos, eos = specials["bos"], specials["eos"]
-    backend.post_processor = processors.TemplateProcessing(
-        single=[bos, "$A", eos], pair=[bos, "$A", eos, eos, "$B", eos],
-        special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])
-
-
-def _deberta_v2_unk_id(vocab: list[Any], unk_token: str, configured: Any) -> int:
-    """The unknown token's id as DebertaV2Tokenizer finds it: the entry (unk_token, 0.0), else the
-    configured unk_id, else 1."""
-    for index, entry in enumerate(vocab):
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] == unk_token and entry[1] == 0.0:
-            return index
-    return configured if isinstance(configured, int) else 1
 
 
 def _read_settings(directory: Path) -> dict[str, Any]:
