@@ -13,7 +13,6 @@ LONG_FUNCTIONS = {
     "embeddings/mining.py:mine_hard_negatives": "one streamed pass over the corpus with its bookkeeping inline",
     "security/backdoor.py:scan": "the trigger search's phases share their candidate lists",
     "checkpoints.py:load_state": "one strict pass over the model's tensors collecting every kind of mismatch",
-    "jobs.py:build_index_job": "the CLI's index job: every source layout and index kind in one place",
 }
 
 

@@ -138,6 +138,24 @@ def run_demo(model: str | Path | None, echo: Callable[[str], None] = print) -> d
     return {"facts": facts, "neighbours": neighbours}
 
 
+def _open_vectors(vectors_path: Path) -> tuple[Any, np.ndarray | None]:
+    """(Parquet shards, None) for a directory, or (None, the memory-mapped (rows, dimension) array) of a .npy."""
+    from .embeddings.shards import EmbeddingShards
+    from .errors import DataError
+
+    if vectors_path.is_dir():
+        return EmbeddingShards.open(vectors_path), None
+    if not vectors_path.is_file():
+        raise DataError(f"embeddings file not found: {vectors_path}")
+    try:
+        vectors = np.load(vectors_path, mmap_mode="r")
+    except ValueError as exc:
+        raise DataError(f"{vectors_path} is not a .npy array: {exc}") from exc
+    if vectors.ndim != 2:
+        raise DataError(f"{vectors_path} holds an array of shape {vectors.shape}; expected (rows, dimension)")
+    return None, vectors
+
+
 def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: str | Path | None = None,
                     kind: str = "exact", metric: str = "cosine", model: str | Path | None = None,
                     texts_path: str | Path | None = None, truncate_dim: int | None = None,
@@ -156,26 +174,13 @@ def build_index_job(vectors_path: str | Path, out_dir: str | Path, *, ids_path: 
     from .errors import DataError, InputError
     from .tasks.embed import check_truncate_dim
     from .embeddings.compressed import COMPRESSED_KINDS, ArraySource, build_streaming
-    from .embeddings.shards import EmbeddingShards
     from .tasks.search import KINDS, build_index
 
     if kind not in KINDS:
         raise InputError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
     vectors_path = Path(vectors_path)
-    shards = None
-    if vectors_path.is_dir():
-        shards = EmbeddingShards.open(vectors_path)
-        width = shards.dimension
-    else:
-        if not vectors_path.is_file():
-            raise DataError(f"embeddings file not found: {vectors_path}")
-        try:
-            vectors = np.load(vectors_path, mmap_mode="r")
-        except ValueError as exc:
-            raise DataError(f"{vectors_path} is not a .npy array: {exc}") from exc
-        if vectors.ndim != 2:
-            raise DataError(f"{vectors_path} holds an array of shape {vectors.shape}; expected (rows, dimension)")
-        width = vectors.shape[1]
+    shards, vectors = _open_vectors(vectors_path)
+    width = shards.dimension if shards is not None else vectors.shape[1]
     if model is None and shards is not None and shards.manifest.get("model"):
         model = shards.manifest["model"]
         if isinstance(model, dict):  # the Ray engine records the model's facts: its path among them
