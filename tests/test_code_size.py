@@ -12,7 +12,6 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS = {
     "embeddings/mining.py:mine_hard_negatives": "one streamed pass over the corpus with its bookkeeping inline",
     "security/backdoor.py:scan": "the trigger search's phases share their candidate lists",
-    "checkpoints.py:load_state": "one strict pass over the model's tensors collecting every kind of mismatch",
 }
 
 

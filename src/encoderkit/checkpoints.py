@@ -218,26 +218,9 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
             continue
         new_state[name] = value.to(tensor.dtype)
 
-    dropped, unexpected = [], []
-    ignorable = [re.compile(pattern) for pattern in config.family.ignorable]
-    for key in state:
-        if key in consumed or any(pattern.search(key) for pattern in ignorable):
-            continue
-        if tied and key.endswith(config.family.tied_decoders or ("\0",)):
-            continue  # the decoder is tied to the word embeddings
-        bare = key[len(prefix):] if key.startswith(prefix) else key
-        if key in head_keys or bare.startswith("pooler"):
-            dropped.append(key)
-        else:
-            unexpected.append(key)
-
-    problems = []
-    if missing:
-        problems.append(f"missing tensors {_names(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors {_names(unexpected)}")
-    if mismatched:
-        problems.append(f"tensors of the wrong shape {_names(mismatched)}")
+    dropped, unexpected = _leftovers(state, consumed, config, bool(tied), prefix, head_keys)
+    problems = [f"{what} {_names(names)}" for what, names in (("missing tensors", missing), ("unexpected tensors",
+                unexpected), ("tensors of the wrong shape", mismatched)) if names]
     if problems:
         raise CheckpointError(
             f"{source} does not fit the {config.model_type} model described by its config "
@@ -253,6 +236,25 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], *, source: str 
     if dropped:
         log.info("%s: not used by this task and dropped: %s", source, _names(dropped))
     return fresh_names
+
+
+def _leftovers(state: dict[str, torch.Tensor], consumed: set[str], config: EncoderConfig, tied: bool, prefix: str,
+               head_keys: set[str]) -> tuple[list[str], list[str]]:
+    """The checkpoint tensors no model tensor took: (other tasks' heads and poolers, dropped; the unexpected rest).
+    Buffers and aliases the family lists as ignorable, and a decoder tied to the word embeddings, are neither."""
+    dropped, unexpected = [], []
+    ignorable = [re.compile(pattern) for pattern in config.family.ignorable]
+    for key in state:
+        if key in consumed or any(pattern.search(key) for pattern in ignorable):
+            continue
+        if tied and key.endswith(config.family.tied_decoders or ("\0",)):
+            continue  # the decoder is tied to the word embeddings
+        bare = key[len(prefix):] if key.startswith(prefix) else key
+        if key in head_keys or bare.startswith("pooler"):
+            dropped.append(key)
+        else:
+            unexpected.append(key)
+    return dropped, unexpected
 
 
 def _names(items: list[str], limit: int = 8) -> str:
