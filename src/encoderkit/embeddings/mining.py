@@ -61,6 +61,27 @@ def _embed(embedder: Any, texts: list[str], batch_size: int, description: str, s
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
+def _check_mining(anchors: list[str], positives: list[str], num_negatives: int, range_min: int,
+                  range_max: int | None, margin: float | None) -> int:
+    """The mining settings checked; returns ``range_max`` (default: ``range_min + 10 * num_negatives``)."""
+    if len(anchors) != len(positives):
+        raise InputError(f"got {len(anchors)} anchors but {len(positives)} positives")
+    if not anchors:
+        raise InputError("no (anchor, positive) pairs to mine negatives for")
+    if num_negatives < 1:
+        raise InputError(f"num_negatives must be at least 1, found {num_negatives}")
+    if range_min < 0:
+        raise InputError(f"range_min must be non-negative, found {range_min}")
+    if range_max is None:
+        range_max = range_min + 10 * num_negatives
+    if range_max - range_min < num_negatives:
+        raise InputError(f"range_max - range_min ({range_max} - {range_min}) leaves fewer than num_negatives "
+                         f"({num_negatives}) candidates; raise range_max")
+    if margin is not None and not np.isfinite(margin):
+        raise InputError(f"margin must be a finite number, found {margin}")
+    return range_max
+
+
 def mine_hard_negatives(embedder: Any, anchors: Sequence[str], positives: Sequence[str],
                         corpus: Sequence[str] | None = None, *, k: int | None = None, margin: float | None = 0.05,
                         range_min: int = 0, range_max: int | None = None, num_negatives: int = 3,
@@ -80,21 +101,7 @@ def mine_hard_negatives(embedder: Any, anchors: Sequence[str], positives: Sequen
     default), as a retrieval model embeds them.
     """
     anchors, positives = list(anchors), list(positives)
-    if len(anchors) != len(positives):
-        raise InputError(f"got {len(anchors)} anchors but {len(positives)} positives")
-    if not anchors:
-        raise InputError("no (anchor, positive) pairs to mine negatives for")
-    if num_negatives < 1:
-        raise InputError(f"num_negatives must be at least 1, found {num_negatives}")
-    if range_min < 0:
-        raise InputError(f"range_min must be non-negative, found {range_min}")
-    if range_max is None:
-        range_max = range_min + 10 * num_negatives
-    if range_max - range_min < num_negatives:
-        raise InputError(f"range_max - range_min ({range_max} - {range_min}) leaves fewer than num_negatives "
-                         f"({num_negatives}) candidates; raise range_max")
-    if margin is not None and not np.isfinite(margin):
-        raise InputError(f"margin must be a finite number, found {margin}")
+    range_max = _check_mining(anchors, positives, num_negatives, range_min, range_max, margin)
 
     texts = list(dict.fromkeys([*(corpus or []), *positives]))
     text_index = {text: i for i, text in enumerate(texts)}
@@ -143,6 +150,21 @@ def mine_hard_negatives(embedder: Any, anchors: Sequence[str], positives: Sequen
                 negative_scores.append([s for s, _ in candidates[:num_negatives]])
             progress.advance(len(found.indices))
 
+    examples, left_out, kept_positive, kept_negative = _pairs_with_negatives(
+        anchors, positives, anchor_index, texts, negatives, negative_scores, pair_scores, num_negatives)
+    if left_out:
+        log.info("%d of %d pairs have fewer than %d negatives outside the margin", left_out, len(anchors),
+                 num_negatives)
+    return MinedNegatives(examples, left_out, within_margin,
+                          float(np.mean(kept_positive)) if kept_positive else float("nan"),
+                          float(np.mean(kept_negative)) if kept_negative else float("nan"))
+
+
+def _pairs_with_negatives(anchors: list[str], positives: list[str], anchor_index: dict[str, int], texts: list[str],
+                          negatives: list[list[int]], negative_scores: list[list[float]], pair_scores: np.ndarray,
+                          num_negatives: int) -> tuple[list[AnchorPositive], int, list[float], list[float]]:
+    """Each pair with its anchor's mined negatives, where it has ``num_negatives`` of them: (the examples, the pairs
+    left out, the kept pairs' positive scores, their negatives' scores)."""
     examples, kept_positive, kept_negative = [], [], []
     left_out = 0
     for pair, (anchor, positive) in enumerate(zip(anchors, positives)):
@@ -153,12 +175,7 @@ def mine_hard_negatives(embedder: Any, anchors: Sequence[str], positives: Sequen
         examples.append(AnchorPositive(anchor, positive, tuple(texts[i] for i in negatives[row])))
         kept_positive.append(float(pair_scores[pair]))
         kept_negative.extend(negative_scores[row])
-    if left_out:
-        log.info("%d of %d pairs have fewer than %d negatives outside the margin", left_out, len(anchors),
-                 num_negatives)
-    return MinedNegatives(examples, left_out, within_margin,
-                          float(np.mean(kept_positive)) if kept_positive else float("nan"),
-                          float(np.mean(kept_negative)) if kept_negative else float("nan"))
+    return examples, left_out, kept_positive, kept_negative
 
 
 __all__ = ["MinedNegatives", "mine_hard_negatives"]
