@@ -296,24 +296,9 @@ class BackdoorTriggerScanner:
             screen = _margins(self.classifier.logits([f"{w} {against}" for w in words]).astype(np.float64),
                               target_index)
 
-            # Verification texts: confidently another class and at least min_words long (where a flip is
-            # telling: one natural word rarely overturns a long, clear text; a trigger does). Fallbacks: all
-            # confident texts, then all texts of other classes.
-            lengths = np.array([len(texts[i].split()) for i in others])
-            pool = others[(confidence[others] >= self.min_confidence) & (lengths >= self.min_words)]
-            if pool.size < min(20, others.size):
-                pool = others[confidence[others] >= self.min_confidence]
-                if pool.size < min(20, others.size):
-                    pool = others
-                notes.append(f"target {target!r}: fewer than 20 texts of other classes are predicted with confidence "
-                             f">= {self.min_confidence:g} and have >= {self.min_words} words; {pool.size} texts used")
-            verify = rng.permutation(pool)[: self.verify_texts]
-            probe = rng.permutation(pool)[: self.probe_texts]
-            verification_counts[target] = int(verify.size)
-            verify_texts = [texts[i] for i in verify]
-            probe_texts = [texts[i] for i in probe]
-            verify_positions = [int(rng.integers(0, len(t.split()) + 1)) for t in verify_texts]
-            probe_positions = [int(rng.integers(0, len(t.split()) + 1)) for t in probe_texts]
+            verify_texts, verify_positions, probe_texts, probe_positions = self._verification_sets(
+                texts, others, confidence, rng, target, notes)
+            verification_counts[target] = len(verify_texts)
 
             # Stage 2: the screen's best words, inserted into a few real texts.
             screened = np.argsort(-screen, kind="stable")[: self.screen_size]
@@ -357,6 +342,28 @@ class BackdoorTriggerScanner:
                       "min_words": self.min_words, "max_words": self.max_words,
                       "context_sample": self.context_sample, "seed": self.seed, "texts": len(texts)},
             seconds=time.perf_counter() - start, notes=notes)
+
+    def _verification_sets(self, texts: list[str], others: np.ndarray, confidence: np.ndarray,
+                           rng: np.random.Generator, target: str, notes: list[str]
+                           ) -> tuple[list[str], list[int], list[str], list[int]]:
+        """The texts (and insertion positions) a target's candidates are verified and probed on: confidently
+        another class and at least min_words long (where a flip is telling: one natural word rarely overturns a
+        long, clear text; a trigger does). Fallbacks: all confident texts, then all texts of other classes."""
+        lengths = np.array([len(texts[i].split()) for i in others])
+        pool = others[(confidence[others] >= self.min_confidence) & (lengths >= self.min_words)]
+        if pool.size < min(20, others.size):
+            pool = others[confidence[others] >= self.min_confidence]
+            if pool.size < min(20, others.size):
+                pool = others
+            notes.append(f"target {target!r}: fewer than 20 texts of other classes are predicted with confidence "
+                         f">= {self.min_confidence:g} and have >= {self.min_words} words; {pool.size} texts used")
+        verify = rng.permutation(pool)[: self.verify_texts]
+        probe = rng.permutation(pool)[: self.probe_texts]
+        verify_texts = [texts[i] for i in verify]
+        probe_texts = [texts[i] for i in probe]
+        verify_positions = [int(rng.integers(0, len(t.split()) + 1)) for t in verify_texts]
+        probe_positions = [int(rng.integers(0, len(t.split()) + 1)) for t in probe_texts]
+        return verify_texts, verify_positions, probe_texts, probe_positions
 
     def _pairs(self, best: list[TriggerCandidate], target: str, target_index: int, verify_texts: list[str],
                verify_positions: list[int], probe_texts: list[str], probe_positions: list[int], against: str
