@@ -84,3 +84,10 @@ def test_the_graph_is_read_and_a_cycle_would_be_found() -> None:
 
 def test_no_import_cycles() -> None:
     assert cycles(module_graph()) == []
+
+
+def test_modeling_reaches_native_code_through_one_module() -> None:
+    graph = module_graph()
+    reaching = sorted(name for name, targets in graph.items()
+                      if name.startswith("encoderkit.modeling.") and any(t.startswith("encoderkit.native") for t in targets))
+    assert reaching == ["encoderkit.modeling.kernels"]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import native
+from . import kernels
 from ..config import EncoderConfig
 from ..errors import InputError
 from .dropout import dropout, kernel_mask, own_masks
@@ -247,7 +247,7 @@ class _TrainingAttention(torch.autograd.Function):
         probs = torch.bmm(q, k.transpose(1, 2))  # raw scores, overwritten with the probabilities
         seed, dropped, keep_scale = mask
         weights = torch.empty_like(probs) if dropped else probs
-        native.library().ek_attention_probs(
+        kernels.library().ek_attention_probs(
             probs.data_ptr(), weights.data_ptr() if dropped else None, batch * length, length,
             None if valid is None else valid.data_ptr(), heads * length, scale, seed, dropped, keep_scale,
             torch.get_num_threads())
@@ -267,7 +267,7 @@ class _TrainingAttention(torch.autograd.Function):
         grad_scores = torch.bmm(grad, v.transpose(1, 2))  # of the dropped probabilities, then of the raw scores
         torch.bmm(weights.transpose(1, 2), grad, out=grad_v)
         seed, dropped, keep_scale = ctx.mask
-        native.library().ek_attention_probs_backward(probs.data_ptr(), grad_scores.data_ptr(), batch * length,
+        kernels.library().ek_attention_probs_backward(probs.data_ptr(), grad_scores.data_ptr(), batch * length,
                                                      length, ctx.scale, seed, dropped, keep_scale,
                                                      torch.get_num_threads())
         torch.bmm(grad_scores, k, out=grad_q)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import native
+from . import kernels
 
 LEVELS = 1 << 16  # the chance of a drop is a count of 1/65536ths
 
@@ -75,7 +75,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[torch.Tens
 def native_keep_mask(seed: int, count: int, dropped: int) -> torch.Tensor:
     """The native library's (count,) keep-mask for ``seed`` (True: kept)."""
     keep = torch.empty(count, dtype=torch.bool)
-    native.library().ek_dropout_mask(keep.data_ptr(), count, seed, dropped, torch.get_num_threads())
+    kernels.library().ek_dropout_mask(keep.data_ptr(), count, seed, dropped, torch.get_num_threads())
     return keep
 
 
@@ -84,7 +84,7 @@ def _apply(x: torch.Tensor, seed: int, dropped: int, scale: float) -> torch.Tens
     x = x.contiguous()
     if x.dtype == torch.float32:
         out = torch.empty_like(x)
-        native.library().ek_dropout(x.data_ptr(), out.data_ptr(), x.numel(), seed, dropped, scale,
+        kernels.library().ek_dropout(x.data_ptr(), out.data_ptr(), x.numel(), seed, dropped, scale,
                                     torch.get_num_threads())
         return out
     return torch.ops.aten.native_dropout_backward(x, native_keep_mask(seed, x.numel(), dropped).view(x.shape), scale)
@@ -130,7 +130,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if x.numel() == 0 or not own_masks(x.device, p):
         return F.dropout(x, p, training)
-    if native.library() is not None:
+    if kernels.library() is not None:
         return _Dropout.apply(x, *draw_mask(p))
     keep, scale = keep_mask(x.shape, p)
     return _Masked.apply(x, keep, scale)
@@ -155,7 +155,7 @@ def kernel_mask(p: float, device: torch.device) -> tuple[int, int, float] | None
     """The dropout mask a native training kernel applies for chance ``p`` (seed, dropped count, scale of kept elements):
     none to apply (0, 0, 1.0) for p = 0, one drawn as ``dropout`` draws it where that draws its own; None where the
     kernels are off, the library is not built or torch's dropout would run (the caller then takes its PyTorch ops)."""
-    if not _kernels_on or native.library() is None or torch.compiler.is_compiling():
+    if not _kernels_on or kernels.library() is None or torch.compiler.is_compiling():
         return None
     if p == 0.0:
         return 0, 0, 1.0
@@ -173,7 +173,7 @@ class _AddDropoutNorm(torch.autograd.Function):
         out, normed = torch.empty_like(residual), torch.empty_like(residual)
         rstd = residual.new_empty(rows)
         seed, dropped, keep_scale = mask
-        native.library().ek_add_dropout_norm(
+        kernels.library().ek_add_dropout_norm(
             residual.data_ptr(), y.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
             out.data_ptr(), normed.data_ptr(), rstd.data_ptr(), rows, width, eps, seed, dropped, keep_scale,
             torch.get_num_threads())
@@ -190,7 +190,7 @@ class _AddDropoutNorm(torch.autograd.Function):
         grad_weight = weight.new_empty(width)
         grad_bias = weight.new_empty(width) if ctx.has_bias else None
         seed, dropped, keep_scale = ctx.mask
-        native.library().ek_add_dropout_norm_backward(
+        kernels.library().ek_add_dropout_norm_backward(
             grad.data_ptr(), normed.data_ptr(), rstd.data_ptr(), weight.data_ptr(), grad_residual.data_ptr(),
             grad_y.data_ptr(), grad_weight.data_ptr(), None if grad_bias is None else grad_bias.data_ptr(), rows,
             width, seed, dropped, keep_scale, torch.get_num_threads())

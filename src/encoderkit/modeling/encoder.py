@@ -18,7 +18,7 @@ from torch import nn
 
 from ..config import EncoderConfig
 from ..errors import InputError
-from ..native import native_forward
+from .kernels import native_forward
 from .attention import AttentionContext, RelativePositionBias, RotaryTables, SelfAttention, check_attention_bias
 from .dropout import Dropout, add_norm
 from .embeddings import Embeddings

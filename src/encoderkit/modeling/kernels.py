@@ -1,0 +1,22 @@
+"""The one module through which ``modeling/`` reaches the native library (``encoderkit.native``): the training
+kernels (attention probabilities, dropout, residual + dropout + LayerNorm, through ``library()``) and the inference
+kernel for short batches (``native_forward``). Each returns None, or is not called, where the library is absent or
+declines, and the callers then run PyTorch's operations."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import native
+
+
+def library() -> Any:
+    """The loaded native library (ctypes), or None where it could not be built or loaded."""
+    return native.library()
+
+
+def native_forward(encoder: torch.nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                   position_ids: torch.Tensor | None, packing: Any) -> torch.Tensor | None:
+    """The last layer's states of a short packed batch from the native kernel, or None where it does not apply."""
+    return native.native_forward(encoder, input_ids, token_type_ids, position_ids, packing)
