@@ -88,6 +88,6 @@ def test_no_import_cycles() -> None:
 
 def test_modeling_reaches_native_code_through_one_module() -> None:
     graph = module_graph()
-    reaching = sorted(name for name, targets in graph.items()
-                      if name.startswith("encoderkit.modeling.") and any(t.startswith("encoderkit.native") for t in targets))
+    reaching = sorted(name for name, targets in graph.items() if name.startswith("encoderkit.modeling.")
+                      and any(target.startswith("encoderkit.native") for target in targets))
     assert reaching == ["encoderkit.modeling.kernels"]
