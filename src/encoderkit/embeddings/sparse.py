@@ -256,8 +256,27 @@ class SparseModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.mlm(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
-        weights = splade_weights(logits.float(), self.activation) * attention_mask[..., None].to(torch.float32)
+        """The MLM head runs on ``LOGIT_CHUNK_TOKENS`` of the batch's token rows at a time, each chunk pooled at once;
+        in training a chunk's (tokens x vocabulary) logits are recomputed in the backward pass rather than kept
+        (``torch.utils.checkpoint``), so memory holds one chunk's logits, not the batch's: a batch of 32 texts of
+        256 tokens would otherwise keep several (32 x 256 x 30,522) fp32 tensors, a gigabyte each."""
+        from torch.utils.checkpoint import checkpoint
+
+        hidden = self.mlm.encoder(input_ids, attention_mask, token_type_ids).last_hidden_state
+        mask = attention_mask.to(torch.float32)
+        step = max(1, LOGIT_CHUNK_TOKENS // max(1, hidden.shape[0]))
+        recompute = self.training and torch.is_grad_enabled()
+        pooled = None
+        for start in range(0, hidden.shape[1], step):
+            chunk, chunk_mask = hidden[:, start:start + step], mask[:, start:start + step]
+            part = checkpoint(self._pool_chunk, chunk, chunk_mask, use_reentrant=False) if recompute \
+                else self._pool_chunk(chunk, chunk_mask)
+            pooled = part if pooled is None else (torch.maximum(pooled, part) if self.pooling == "max"
+                                                  else pooled + part)
+        return pooled
+
+    def _pool_chunk(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        weights = splade_weights(self.mlm.mlm_head(hidden).float(), self.activation) * mask[..., None]
         return weights.amax(dim=1) if self.pooling == "max" else weights.sum(dim=1)
 
     def save_pretrained(self, directory: str | Path, tokenizer: Tokenizer | None = None) -> Path:
