@@ -3,6 +3,7 @@ except a function named in LONG_FUNCTIONS with the reason it is long (none is, t
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "encoderkit"
@@ -12,6 +13,7 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict[str, str] = {}
 
 
+@functools.cache
 def sizes() -> tuple[dict[str, int], dict[str, int]]:
     files, functions = {}, {}
     for path in SRC.rglob("*.py"):

@@ -4,11 +4,13 @@ any component of more than one module is a cycle, named in the failure."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+@functools.cache
 def module_graph() -> dict[str, set[str]]:
     files = {}
     for path in (SRC / "encoderkit").rglob("*.py"):
