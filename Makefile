@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 # 2-CPU machine. Tests that must not overlap share an xdist_group (--dist loadgroup). PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test bench clean install browser mpnet test-mpnet test-families
+.PHONY: demo test bench clean install browser mpnet test-mpnet test-families test-long
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ mpnet: $(VENV)/.installed
 # after the default suite rather than inside its ten minutes.
 test-families: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/test_family_features.py -m families
+
+# The tests of a minute or so each (200k lines in bounded memory, torchrun and DDP against one process, whole STS-B
+# and SQuAD evaluations against sentence-transformers, a DeBERTa-v3 RTD run), kept out of the default ten minutes.
+test-long: $(VENV)/.installed-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m long
 
 test-mpnet: $(VENV)/.installed-test mpnet
 	$(BIN)/python -m pytest tests/test_mpnet_real.py -m "weights and not slow"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from encoderkit.cli import main
 
@@ -20,6 +21,7 @@ def losses(directory: Path) -> list[float]:
             if '"loss"' in line]
 
 
+@pytest.mark.long  # make test-long (CI runs it after the default suite's ten minutes)
 def test_ddp_two_processes_equal_one(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(

@@ -112,6 +112,7 @@ def test_awkward_lines_are_embedded_in_place(tmp_path: Path, tiny: Path, caplog)
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak RSS from /proc (Linux)")
+@pytest.mark.long  # make test-long (CI runs it after the default suite's ten minutes)
 def test_200k_lines_in_bounded_memory_with_progress(tmp_path: Path, tiny: Path) -> None:
     source = tmp_path / "big.txt"
     with open(source, "w") as handle:

@@ -124,6 +124,7 @@ def tiny_dir(tmp_path_factory, minilm_dir) -> Path:
                          attention_probs_dropout_prob=0.0)
 
 
+@pytest.mark.long  # make test-long (CI runs it after the default suite's ten minutes)
 def test_gathered_losses_equal_one_process(tmp_path: Path, tiny_dir: Path) -> None:
     from encoderkit.training.sentence import EmbedderTraining
 
@@ -154,6 +155,7 @@ def losses(directory: Path) -> list[float]:
             if '"loss"' in line]
 
 
+@pytest.mark.long  # make test-long (CI runs it after the default suite's ten minutes)
 def test_train_embedder_torchrun_two_processes_equal_one(tmp_path: Path, tiny_dir: Path) -> None:
     from encoderkit.cli.app import main
 

@@ -186,6 +186,7 @@ def test_deberta_v3_rtd_shares_embeddings_with_a_stop_gradient(tmp_path) -> None
 
 
 @pytest.mark.data
+@pytest.mark.long  # make test-long (CI runs it after the default suite's ten minutes)
 def test_deberta_v3_rtd_run_lowers_the_discriminator_loss(tmp_path) -> None:
     """`encoderkit pretrain --objective electra` on a DeBERTa-v3 shape runs RTD with GDES on real text: the
     discriminator's loss falls, and transformers loads the discriminator and the generator."""

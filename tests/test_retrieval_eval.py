@@ -130,6 +130,7 @@ def _squad_set(articles=(1, 2), distractor_articles=(4,)):
 
 
 @pytest.mark.data
+@pytest.mark.long  # make test-long (CI runs it after the default suite's ten minutes)
 def test_equals_sentence_transformers_evaluator(minilm_dir, tmp_path, capsys) -> None:
     st = pytest.importorskip("sentence_transformers")
     from sentence_transformers.evaluation import InformationRetrievalEvaluator

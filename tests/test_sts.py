@@ -23,6 +23,7 @@ def test_correlations_equal_scipy() -> None:
 
 
 @pytest.mark.data
+@pytest.mark.long  # make test-long (CI runs it after the default suite's ten minutes)
 def test_eval_sts_equals_sentence_transformers_evaluator(minilm_dir, capsys) -> None:
     st = pytest.importorskip("sentence_transformers")
     from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
