@@ -124,13 +124,10 @@ class SparseEmbedder:
         return [token or "" for token in self.tokenizer.convert_ids_to_tokens(range(self.dimension))]
 
     def prompt_of(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        from ..tasks.embed import pick_prompt
+        """The text to prepend, by the rule dense embedders follow (``tasks.embed.choose_prompt``)."""
+        from ..tasks.embed import choose_prompt
 
-        if prompt is not None:
-            return prompt
-        if prompt_name is not None:
-            return pick_prompt(self.prompts, prompt_name)
-        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
+        return choose_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
 
     def encode_query(self, texts: Sequence[str] | str, **options) -> SparseVectors:
         """``encode`` with the model's "query" prompt where it has one (sentence-transformers' ``encode_query``)."""

@@ -226,13 +226,7 @@ async def embed_texts(state: ServerState, request: Request, model: ServedModel, 
     """(vectors (texts, dim) float32, tokens read) of the request's texts, each after the prompt ``prompt_name``
     names (None: the model's default prompt, if any), as ``Embedder.encode`` puts it."""
     texts, single = texts_of(state, value, field)
-    embedder = model.pipeline("embed")
-    try:
-        prompt = embedder.prompt if prompt_name is None else embedder.prompt_of(None, prompt_name)
-    except InputError as exc:
-        raise ApiError(422, f"prompt_name: {exc}") from None
-    if prompt:
-        texts = [prompt + text for text in texts]
+    texts = with_prompt(model.pipeline("embed"), texts, prompt_name)
     size = model.config.hidden_size
     if dimensions is not None and not 1 <= dimensions <= size:
         raise ApiError(422, f"dimensions: must be between 1 and {size} (model {model.name!r} gives {size}-dim "
@@ -260,17 +254,21 @@ async def embed(request: Request) -> JSONResponse:
 MATCHED_TERMS_SHOWN = 20
 
 
-def _matched_terms(state: ServerState, found: Any, sparse: tuple[str, Any, Any], text: str, row: int
-                   ) -> list[dict[str, Any]]:
-    """The terms a sparse query shares with document ``row`` (largest contribution first), each with its weights,
-    its token, and whether it is an expansion (a term of the query's vector that is not one of its own tokens)."""
+def _matched_terms(state: ServerState, found: Any, sparse: tuple[str, Any, Any], text: str, rows: list[int]
+                   ) -> list[list[dict[str, Any]]]:
+    """For each document of ``rows``, the terms the sparse query shares with it (largest contribution first), each
+    with its weights, its token, and whether it is an expansion (a term of the query's vector that is not one of
+    its own tokens: the query is tokenised once for all the hits)."""
     name, part, query = sparse
     tokenizer = state.registry.get(found.encoders[name]).pipeline("embed_sparse").tokenizer
     own = set(tokenizer.encode_ids([text])[0][0])
-    terms = part.matched_terms(query, row)[:MATCHED_TERMS_SHOWN]
-    tokens = tokenizer.convert_ids_to_tokens([term for term, _, _ in terms])
-    return [{"token": token or str(term), "query_weight": q, "document_weight": d, "expansion": term not in own}
-            for token, (term, q, d) in zip(tokens, terms)]
+    out = []
+    for row in rows:
+        terms = part.matched_terms(query, row)[:MATCHED_TERMS_SHOWN]
+        tokens = tokenizer.convert_ids_to_tokens([term for term, _, _ in terms])
+        out.append([{"token": token or str(term), "query_weight": q, "document_weight": d,
+                     "expansion": term not in own} for token, (term, q, d) in zip(tokens, terms)])
+    return out
 
 
 def with_prompt(pipeline: Any, texts: list[str], prompt_name: str | None) -> list[str]:
@@ -516,12 +514,11 @@ async def search(request: Request) -> JSONResponse:
         result = await state.in_worker(search_any, found.index, queries, body.k)
     sparse = [(name, part, queries[name] if name else queries) for name, part in found.parts.items()
               if part.kind == "sparse"] if found.index.kind not in DENSE_KINDS else []
-    hits = []
-    for score, row in zip(result.scores[0], result.indices[0]):
-        if row >= 0:
-            hit = {"id": found.index.ids[row], "text": found.texts[row] if found.texts else None,
-                   "score": float(score)}
-            if sparse:  # which terms matched: the query's own tokens, and the terms its vector expanded to
-                hit["terms"] = await state.in_worker(_matched_terms, state, found, sparse[0], body.query, int(row))
-            hits.append(hit)
+    hits = [{"id": found.index.ids[row], "text": found.texts[row] if found.texts else None, "score": float(score)}
+            for score, row in zip(result.scores[0], result.indices[0]) if row >= 0]
+    if sparse and hits:  # which terms matched: the query's own tokens, and the terms its vector expanded to
+        rows = [int(row) for row in result.indices[0] if row >= 0]
+        for hit, terms in zip(hits, await state.in_worker(_matched_terms, state, found, sparse[0], body.query,
+                                                          rows)):
+            hit["terms"] = terms
     return JSONResponse(hits)

@@ -113,15 +113,8 @@ class Embedder:
         )
 
     def prompt_of(self, prompt: str | None, prompt_name: str | None) -> str | None:
-        """The text to prepend, by sentence-transformers' rule: ``prompt`` if given, else the prompt called
-        ``prompt_name``, else the default prompt (None: none)."""
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise InputError(f"prompt must be a string, found {type(prompt).__name__}")
-            return prompt
-        if prompt_name is not None:
-            return pick_prompt(self.prompts, prompt_name)
-        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name else None
+        """The text to prepend (``choose_prompt``)."""
+        return choose_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
 
     @property
     def dimension(self) -> int:
@@ -227,6 +220,19 @@ def refuse_other_kinds(root: Path) -> None:
     if is_multi_vector_dir(root):
         raise InputError(f"{root} is a multi-vector (ColBERT) model: it gives a vector per token, not one per text; "
                          "use MultiVectorEmbedder, `encoderkit index --kind multi-vector` or the server's /embed_all")
+
+
+def choose_prompt(prompts: dict[str, str], default_prompt_name: str | None, prompt: str | None,
+                  prompt_name: str | None) -> str | None:
+    """The text to prepend, by sentence-transformers' rule: ``prompt`` if given, else the prompt called
+    ``prompt_name``, else the default prompt (None: none). Every encoder with prompts (dense, sparse) uses it."""
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt must be a string, found {type(prompt).__name__}")
+        return prompt
+    if prompt_name is not None:
+        return pick_prompt(prompts, prompt_name)
+    return prompts.get(default_prompt_name) if default_prompt_name else None
 
 
 def pick_prompt(prompts: dict[str, str], name: str) -> str:
