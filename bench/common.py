@@ -15,8 +15,18 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-RESULTS = ROOT / "bench" / "results"
+SHARED = Path(os.environ.get("ENCODERKIT_BENCH_SHARED", ROOT.parent / "shared"))
+# A smoke run (`python -m bench run NAME --smoke`, set by bench/__main__.py): every script shrinks its inputs to a
+# few rows so that it runs in seconds, and writes its results to the runner's folder rather than bench/results, so a
+# smoke run never replaces a measurement. It checks that a benchmark still runs end to end, never how fast.
+SMOKE = os.environ.get("ENCODERKIT_BENCH_SMOKE") == "1"
+RESULTS = Path(os.environ["ENCODERKIT_BENCH_RESULTS"]) if os.environ.get("ENCODERKIT_BENCH_RESULTS") else \
+    ROOT / "bench" / "results"
+
+
+def smoke_size(full: int, small: int) -> int:
+    """``small`` in a smoke run, else ``full``: the one place a script says how far it shrinks."""
+    return small if SMOKE else full
 
 
 def require(path: Path) -> Path:
