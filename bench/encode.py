@@ -151,7 +151,7 @@ def main() -> None:
     }
     compile_seconds = None
     if SMOKE and not args.no_compile:
-        skip("the torch.compile contender", "compiling costs the same whatever the input's size: too long for a smoke run")
+        skip("the torch.compile contender", "compiling costs the same at any input size: too long for a smoke run")
     elif not args.no_compile:
         try:
             run = encoderkit_compiled(model_dir, sentences)
