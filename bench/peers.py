@@ -1085,7 +1085,9 @@ def verdicts(rows: list[dict[str, Any]], latency_rows: list[dict[str, Any]]) -> 
 
     speed = {r["contender"]: r for r in rows}
     goals = []
-    for ours, kind, target in (("encoderkit fp32", "fp32", 1.1), ("encoderkit int8", "int8", 1.0)):
+    # bf16 against bf16 (rows exist only where the CPU has bf16 units): faster than each peer at its best
+    for ours, kind, target in (("encoderkit fp32", "fp32", 1.1), ("encoderkit int8", "int8", 1.0),
+                               ("encoderkit bf16", "bf16", 1.0)):
         candidates = peers_of(kind, rows)
         if ours in speed and candidates:
             best = max(candidates, key=lambda r: r["texts_per_second"])
@@ -1095,7 +1097,7 @@ def verdicts(rows: list[dict[str, Any]], latency_rows: list[dict[str, Any]]) -> 
                                       f"{best['contender']} {best['texts_per_second']:.1f} texts/s)",
                           "ratio": ratio, "target": target})
     p50 = {r["contender"]: r for r in latency_rows}
-    for kind in ("fp32", "int8"):
+    for kind in ("fp32", "int8", "bf16"):
         ours, candidates = f"encoderkit {kind}", peers_of(kind, latency_rows)
         if ours in p50 and candidates:
             best = min(candidates, key=lambda r: r["p50_ms"])
