@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from common import SHARED, require, write_result
+from common import SHARED, require, smoke_size, write_result
 
 
 def recall(found: np.ndarray, exact: np.ndarray) -> float:
@@ -41,20 +41,23 @@ def measure(name: str, vectors: np.ndarray, queries: np.ndarray, rows: list[dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--real", type=int, default=20000, help="SST-2 sentences to embed for the real-data case")
+    parser.add_argument("--real", type=int, default=smoke_size(20000, 40),
+                        help="SST-2 sentences to embed for the real-data case")
     args = parser.parse_args()
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
     rows: list[dict] = []
-    vectors = rng.standard_normal((100_000, 384)).astype(np.float32)
+    count, held_out = smoke_size(100_000, 1000), smoke_size(1000, 10)  # vectors; queries of each data set
+    vectors = rng.standard_normal((count, 384)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    queries = rng.standard_normal((1000, 384)).astype(np.float32)
-    measure("100k random unit vectors, 384-d", vectors, queries / np.linalg.norm(queries, axis=1, keepdims=True), rows)
+    queries = rng.standard_normal((held_out, 384)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    measure(f"{count // 1000}k random unit vectors, 384-d", vectors, queries, rows)
 
     from encoderkit import Embedder
 
     lines = require(SHARED / "data" / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    texts = list(dict.fromkeys(line.split("\t")[0].strip() for line in lines))[: args.real + 1000]
+    texts = list(dict.fromkeys(line.split("\t")[0].strip() for line in lines))[: args.real + held_out]
     embedder = Embedder.from_pretrained(dtype="bf16")
     embedded = embedder.encode(texts)
     measure(f"{args.real:,} SST-2 sentences, MiniLM", embedded[: args.real], embedded[args.real:], rows)
