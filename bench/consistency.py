@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import RESULTS, sst2_classifier, sst2_heldout, write_result
+from common import RESULTS, smoke_size, sst2_heldout, write_result
+from smoke import sst2_classifier
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--texts", type=int, default=1000, help="held-out SST-2 texts to edit")
+    parser.add_argument("--texts", type=int, default=smoke_size(1000, 12), help="held-out SST-2 texts to edit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--typos", type=int, default=1, help="typos per text in the typo edit")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
@@ -60,8 +61,10 @@ def main() -> None:
     print(f"{'edit':<12} {'texts':>6} {'same tok':>8} {'consistency':>11} {'mean shift':>10} {'acc orig':>8} "
           f"{'acc edit':>8}")
     for row in per_edit:
-        print(f"{row['edit']:<12} {row['texts']:>6} {row['same_tokens']:>8} {100 * row['consistency_rate']:>10.2f}% "
-              f"{row['mean_probability_shift']:>10.4f} {row['accuracy_original']:>8.4f} {row['accuracy_edited']:>8.4f}")
+        print(f"{row['edit']:<12} {row['texts']:>6} {row['same_tokens']:>8} "
+              f"{_number(row['consistency_rate'], '%'):>11} {_number(row['mean_probability_shift']):>10} "
+              f"{row['accuracy_original']:>8.4f} "
+              f"{row['accuracy_edited']:>8.4f}")
     write_result("consistency", {
         "model": "sst2-classifier: all-MiniLM-L6-v2 fine-tuned on the 20k SST-2 subset (bench/common.py)",
         "texts": len(texts), "data": "sst2_heldout (SST-2 train rows outside the training subset)",
@@ -69,6 +72,13 @@ def main() -> None:
         "seconds": seconds, "edits": per_edit,
         "figure": "bench/results/consistency/consistency.png",
     })
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    """A rate as a percentage (``unit`` "%") or a shift to 4 places; "-" where no text took the edit (None)."""
+    if value is None:
+        return "-"
+    return f"{100 * value:.2f}%" if unit == "%" else f"{value:.4f}"
 
 
 def render(result: dict) -> list[str]:
@@ -87,8 +97,8 @@ def render(result: dict) -> list[str]:
               "accuracy after |", "|---|---|---|---|---|---|---|"]
     for row in result["edits"]:
         lines.append(f"| {row['edit']} | {row['texts']} | {row['same_tokens']} | "
-                     f"{100 * row['consistency_rate']:.2f}% | "
-                     f"{row['mean_probability_shift']:.4f} | {row['accuracy_original']:.4f} | "
+                     f"{_number(row['consistency_rate'], '%')} | "
+                     f"{_number(row['mean_probability_shift'])} | {row['accuracy_original']:.4f} | "
                      f"{row['accuracy_edited']:.4f} |")
     lines += ["", "![consistency per edit](bench/results/consistency/consistency.png)", ""]
     return lines

@@ -7,6 +7,7 @@ library): those are skipped with the reason printed, and the rest still runs.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -40,3 +41,17 @@ def device(requested: str) -> str:
         skip("the CUDA comparison", "no CUDA device here; the CPU stands in for the GPU (a check of the script)")
         return "cpu"
     return requested
+
+
+def sst2_classifier() -> Path:
+    """``common.sst2_classifier()``: all-MiniLM-L6-v2 fine-tuned on the SST-2 subset; in a smoke run, the same recipe
+    on its first 64 rows (two steps), cached apart in ``common.CACHE``."""
+    if not SMOKE:
+        return common.sst2_classifier()
+    from encoderkit.training.finetune import Recipe, finetune
+
+    out = common.CACHE / "sst2-classifier-smoke"
+    if not (out / "model.safetensors").is_file() or not (out / "eval_results.json").is_file():
+        train = common.write_tsv(common.CACHE / "sst2-smoke.tsv", common.sst2_rows(count=64))
+        finetune("classify", train, out, recipe=Recipe(epochs=1, show_progress=False))
+    return out
