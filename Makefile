@@ -9,7 +9,7 @@ PIP    := $(BIN)/python -m pip
 # 2-CPU machine. Tests that must not overlap share an xdist_group (--dist loadgroup). PYTEST_ARGS= runs it serially.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test bench clean install browser mpnet test-mpnet test-families test-long
+.PHONY: demo test bench clean install browser mpnet test-mpnet test-families test-long test-bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	touch $@
 
 # `make bench`: the test references plus the peers the benchmarks compare with (the bench extra: ONNX Runtime,
-# OpenVINO, CTranslate2, datasets); run the scripts in bench/ yourself.
+# OpenVINO, CTranslate2, datasets); then `python -m bench list`, `python -m bench run NAME`, `python -m bench report`.
 $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(PIP) install -c constraints.txt -e '.[ann,bench]'
 	touch $@
@@ -60,6 +60,12 @@ test-families: $(VENV)/.installed-test
 # and SQuAD evaluations against sentence-transformers, a DeBERTa-v3 RTD run), kept out of the default ten minutes.
 test-long: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m long
+
+# Every benchmark's smoke run (`python -m bench run NAME --smoke`: a few rows each, results in a temporary folder,
+# never bench/results): each script still runs end to end and writes a result report.py accepts and renders. An
+# entry whose needs the machine lacks (CUDA, a PyLate venv) skips with the reason.
+test-bench: $(VENV)/.installed-bench
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m bench
 
 test-mpnet: $(VENV)/.installed-test mpnet
 	$(BIN)/python -m pytest tests/test_mpnet_real.py -m "weights and not slow"

@@ -95,6 +95,35 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int, baseline: str | None = None,
+                warmup: int = 0) -> dict[str, Any]:
+    """Time every contender once per round, the order rotating by one each round, so that a drift in the machine's
+    speed (another process, the clock, the heat) falls on all of them alike and none is always first or last.
+
+    ``warmup`` untimed calls of each come first. Returns, per contender (keyed by name): ``seconds`` (one per round),
+    ``median_seconds``, and ``ratios``: the baseline's seconds over the contender's in the same round (above 1: the
+    contender is faster), with their ``median_ratio`` (the figure to report: a per-round ratio cancels what a round
+    had in common). ``baseline`` defaults to the first contender; ``order`` lists each round's order."""
+    names = list(contenders)
+    baseline = baseline or names[0]
+    if baseline not in contenders:
+        raise KeyError(f"the baseline {baseline!r} is not a contender ({', '.join(names)})")
+    for name in names:
+        for _ in range(warmup):
+            contenders[name]()
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    order = []
+    for round_index in range(rounds):
+        turn = names[round_index % len(names):] + names[:round_index % len(names)]
+        order.append(turn)
+        for name in turn:
+            seconds[name].append(timed(contenders[name])[0])
+    ratios = {name: [b / s for b, s in zip(seconds[baseline], seconds[name])] for name in names}
+    return {"baseline": baseline, "rounds": rounds, "order": order, "seconds": seconds,
+            "median_seconds": {name: median(values) for name, values in seconds.items()},
+            "ratios": ratios, "median_ratio": {name: median(values) for name, values in ratios.items()}}
+
+
 def save_loss_plot(figure: Any, axis: Any, path: Path, legend_size: float | None = None) -> Path:
     """Finish a loss-curve figure (losses above 11 cut off, grid, legend) and save it to ``path``."""
     import matplotlib.pyplot as plt
