@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import SHARED, require, widened, write_result
+from common import SHARED, require, smoke_size, widened, write_result
 from peers import MAX_LENGTH, THREADS, export_onnx, optimize_onnx, ort_session, quantize_onnx, short_texts
 
 
@@ -146,7 +146,7 @@ def products_only(floor: Floor, rows: int, threads: int) -> tuple[Callable[[int]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=smoke_size(300, 10))
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--model", type=Path, help="the all-MiniLM-L6-v2 directory (default: the installed model)")
     parser.add_argument("--shared", type=Path, default=SHARED)

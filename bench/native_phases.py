@@ -25,7 +25,7 @@ os.environ["ENCODERKIT_NATIVE_FLAGS"] = (os.environ.get("ENCODERKIT_NATIVE_FLAGS
 
 import torch  # noqa: E402
 
-from common import SHARED, require, write_result  # noqa: E402
+from common import SHARED, require, smoke_size, write_result  # noqa: E402
 from peers import MAX_LENGTH, THREADS, short_texts  # noqa: E402
 
 PHASES = ("embeddings", "query/key/value product", "attention", "attention output product", "attention LayerNorm",
@@ -34,7 +34,7 @@ PHASES = ("embeddings", "query/key/value product", "attention", "attention outpu
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--calls", type=int, default=smoke_size(500, 10))
     parser.add_argument("--threads", type=int, default=THREADS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
