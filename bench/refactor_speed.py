@@ -155,6 +155,17 @@ def before_source(args: argparse.Namespace) -> Iterator[Path]:
         tree.parent.rmdir()
 
 
+def first_lines(sentences: Path, scratch: Path) -> Path:
+    """``sentences``, or in a smoke run a copy of its first 16 lines in ``scratch`` (the workers read a file)."""
+    from common import SMOKE
+
+    if not SMOKE:
+        return sentences
+    copy = scratch / "sentences.txt"
+    copy.write_text("\n".join(sentences.read_text(encoding="utf-8").splitlines()[:16]) + "\n", encoding="utf-8")
+    return copy
+
+
 def cpu_flags() -> dict[str, bool]:
     present: set[str] = set()
     with contextlib.suppress(OSError):
@@ -166,14 +177,17 @@ def cpu_flags() -> dict[str, bool]:
 
 
 def main() -> None:
+    from common import smoke_size
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5, help="ABBA rounds per dtype (default 5)")
+    parser.add_argument("--repeats", type=int, default=smoke_size(5, 1), help="ABBA rounds per dtype (default 5)")
     parser.add_argument("--before-rev", default="8ef4bb8", help="the commit measured as BEFORE (default 8ef4bb8)")
     parser.add_argument("--before-src", help="an existing src/ directory to measure as BEFORE instead of --before-rev")
     parser.add_argument("--after-src", help="the src/ directory measured as AFTER (default: this checkout's)")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed encodes per model before timing")
+    parser.add_argument("--warmup", type=int, default=smoke_size(2, 1),
+                        help="untimed encodes per model before timing")
     parser.add_argument("--latency-calls", type=int, default=0,
                         help="single-text calls per version, dtype and repeat (0: no latency)")
     parser.add_argument("--model", help="the model directory (default: the default model)")
@@ -196,7 +210,6 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
     sentences = require((Path(args.shared) if args.shared else SHARED) / "bench" / "sentences.txt")
-    texts = len(sentences.read_text(encoding="utf-8").splitlines())
     after_src = Path(args.after_src).resolve() if args.after_src else ROOT / "src"
     sys.path.insert(0, str(after_src))  # the package write_result asks about the machine
     times: dict[str, dict[str, list[float]]] = {d: {"before": [], "after": []} for d in args.dtypes}
@@ -205,6 +218,8 @@ def main() -> None:
     with before_source(args) as before_src, tempfile.TemporaryDirectory(prefix="refactor-speed-") as scratch:
         if args.model:
             args.model = str(widened(Path(args.model), Path(scratch)))
+        sentences = first_lines(sentences, Path(scratch))
+        texts = len(sentences.read_text(encoding="utf-8").splitlines())
         sources = {"before": before_src, "after": after_src}
         revisions = dict(zip(sources, args.revisions)) if args.revisions else \
             {label: source_revision(src) for label, src in sources.items()}
