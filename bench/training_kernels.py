@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from common import write_result
+from common import smoke_size, write_result
 
 HEADS, DIM, WIDTH, P = 12, 32, 384, 0.1
 ATTENTION_GROUPS = {"sst2": (32, 12), "conll": (24, 38), "squad": (6, 384)}  # (sequences, length)
@@ -41,7 +41,9 @@ NORM_ROWS = {"sst2": 336, "conll": 764, "squad": 2378}
 
 
 def interleaved(functions: dict[Any, Callable[[], None]], rounds: int, calls: int) -> dict[Any, float]:
-    """Median seconds a call of each function, over ``rounds`` interleaved rounds of ``calls`` calls."""
+    """Median seconds a call of each function, over ``rounds`` interleaved rounds of ``calls`` calls (one in a smoke
+    run)."""
+    calls = smoke_size(calls, 1)
     for function in functions.values():
         function()
     seconds: dict[Any, list[float]] = {name: [] for name in functions}
@@ -92,7 +94,8 @@ def norm_ops(task: str, rounds: int) -> dict[str, Any]:
 
 def products(tasks: list[str], rounds: int) -> list[dict[str, Any]]:
     """GFLOP/s of the MLP's products (tokens x 384 -> 1536) at each task's tokens a batch, and of a square 2048."""
-    shapes: dict[str, tuple[int, int, int]] = {"square 2048 x 2048 x 2048": (2048, 2048, 2048)}
+    side = smoke_size(2048, 256)
+    shapes: dict[str, tuple[int, int, int]] = {f"square {side} x {side} x {side}": (side, side, side)}
     for task in tasks:
         shapes[f"{task}: {NORM_ROWS[task]} tokens x {WIDTH} -> {4 * WIDTH}"] = (NORM_ROWS[task], WIDTH, 4 * WIDTH)
     functions, flops = {}, {}
@@ -136,7 +139,7 @@ def update(task: str, rounds: int) -> dict[str, Any]:
         mean_share = statistics.mean(shares)
         upto = next(i for i, share in enumerate(shares) if share >= mean_share)
         active = torch.unique(torch.cat(batches[:upto + 1]))
-        touched = batches[upto + 1]
+        touched = batches[min(upto + 1, len(batches) - 1)]  # a short epoch (a smoke run) reaches the mean at its end
         models = [trainer.model, copy.deepcopy(trainer.model)]
         generator = torch.Generator().manual_seed(0)
         grads = {name: torch.randn(p.shape, generator=generator) * 1e-3 for name, p in models[0].named_parameters()}
@@ -205,8 +208,8 @@ def step(task: str, batches_wanted: int, rounds: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default="sst2,conll,squad")
-    parser.add_argument("--batches", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=smoke_size(8, 2))
+    parser.add_argument("--rounds", type=int, default=smoke_size(5, 1))
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
