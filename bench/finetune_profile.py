@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 import torch
 
-from common import write_result
+from common import smoke_size, write_result
 
 PHASES = ("forward", "backward", "clip", "optimizer")
-SKIPPED = 30  # batches at the start of the epoch left out
+SKIPPED = smoke_size(30, 0)  # batches at the start of the epoch left out
 KINDS = ("linear layers' products", "attention's products", "optimizer", "gradient norm and clipping",
          "embedding gradient", "dropout", "elementwise and normalisation", "copies and layout", "other operations",
          "outside any operation")
@@ -207,8 +207,8 @@ def measure(task: str, batches_wanted: int, rounds: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default="sst2,conll,squad")
-    parser.add_argument("--batches", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=smoke_size(20, 2))
+    parser.add_argument("--rounds", type=int, default=smoke_size(5, 1))
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
