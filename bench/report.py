@@ -284,8 +284,10 @@ def render_peers(r: dict[str, Any]) -> list[str]:
     kept = r.get("kept_as")  # the tier of a kept earlier run (bench/peers.py's keep_other_tier_run)
     tiers = {"native_bf16": "with native bf16", "avx512": "with AVX-512 and no bf16 units", "avx2": "with AVX2 only",
              "no_native_bf16": "without native bf16"}
+    other_model = not r["model"].startswith("all-MiniLM-L6-v2")  # bench/peers.py --model
     title = "## encoderkit against other CPU runtimes (`bench/peers.py`)" + (
-        f", on a CPU {tiers.get(kept, kept)} (an earlier run)" if kept else "")
+        f", on a CPU {tiers.get(kept, kept)} (an earlier run)" if kept else "") + (
+        f": {r['model']}" if other_model else "")
     kept_note = (f"Kept as the newest run on a CPU {tiers.get(kept, kept)}: the run above was made on another tier "
                  "of CPU.")
     method = r.get("method") or ("all in one process, interleaved rounds; every peer in its latency mode only (an "
