@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from big_index import LAUNCHER  # the small process that starts the measured build
-from common import ROOT, write_result
+from common import ROOT, smoke_size, write_result
 
 VOCABULARY = 30_522
 CHUNK = 50_000
@@ -82,11 +82,13 @@ def measured_build(out: Path, n: int, seed: int) -> dict:
 
 
 def check_against_brute_force(work: Path, seed: int, queries) -> bool:
-    """The first 20,000 documents indexed again; the index's top 10 against dense dot products."""
+    """The first 20,000 documents (500 in a smoke run) indexed again in small runs; the index's top 10 against dense
+    dot products."""
     from encoderkit.retrieval import build_sparse_index
 
-    docs = SyntheticSplade(seed).draw(20_000)
-    index = build_sparse_index(docs, work / "prefix", run_postings=500_000, merge_postings=300_000)
+    docs = SyntheticSplade(seed).draw(smoke_size(20_000, 500))
+    index = build_sparse_index(docs, work / "prefix", run_postings=smoke_size(500_000, 20_000),
+                               merge_postings=smoke_size(300_000, 12_000))  # several runs, merged
     found = index.search(queries[:5], 10)
     dense = queries[:5].to_dense() @ docs.to_dense().T
     expected = np.sort(dense, axis=1)[:, ::-1][:, :10]
@@ -95,8 +97,8 @@ def check_against_brute_force(work: Path, seed: int, queries) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=1_000_000)
-    parser.add_argument("--queries", type=int, default=200, help="queries timed one at a time")
+    parser.add_argument("--n", type=int, default=smoke_size(1_000_000, 2000))
+    parser.add_argument("--queries", type=int, default=smoke_size(200, 5), help="queries timed one at a time")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--build-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default=None, help="where the index goes (default: a temp dir)")
