@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import SHARED, median, require, write_result
+from common import SHARED, median, require, smoke_size, write_result
 
 CONTENDERS = {"local": "no Ray (1 process, 2 threads in 2 lanes)", "ray-1x2": "Ray, 1 worker x 2 threads (2 lanes)",
               "ray-2x1": "Ray, 2 workers x 1 thread"}
@@ -95,9 +95,9 @@ def measure(contender: str, source: Path, shard_size: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--texts", type=int, default=30000)
-    parser.add_argument("--shard-size", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--texts", type=int, default=smoke_size(30000, 48))
+    parser.add_argument("--shard-size", type=int, default=smoke_size(500, 8))
+    parser.add_argument("--repeats", type=int, default=smoke_size(3, 1))
     parser.add_argument("--child", choices=list(CONTENDERS))
     parser.add_argument("--source", type=Path)
     parser.add_argument("--out", type=Path)
