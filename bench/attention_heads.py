@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from common import RESULTS, ROOT, SHARED, require, write_result
+from common import RESULTS, ROOT, SHARED, require, smoke_size, write_result
 
 
 def leave_one_out(per_example: np.ndarray, attention: np.ndarray) -> float:
@@ -50,15 +50,22 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=1000, help="texts of sentences.txt for the head statistics")
     args = parser.parse_args()
 
-    from encoderkit.analysis import AttentionAnalyzer, find_antecedent_heads, read_coreference_examples
-    from encoderkit.analysis.antecedents import score_example
+    from encoderkit.analysis import AttentionAnalyzer
 
     out_dir = RESULTS / "attention"
     analyzer = AttentionAnalyzer.from_pretrained(None, max_length=128)
+    write_result("attention_heads", {
+        "model": "all-MiniLM-L6-v2",
+        # A smoke run: the statistics over 8 texts (the 24 pronoun examples stay: they are few already).
+        "statistics": head_statistics(analyzer, smoke_size(args.texts, 8), out_dir),
+        "antecedents": antecedent_heads(analyzer, out_dir),
+    })
 
-    # 1. Head statistics over a corpus.
+
+def head_statistics(analyzer, count: int, out_dir) -> dict:
+    """1. Where each head attends over the first ``count`` texts of sentences.txt."""
     texts = [t for t in require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
-             if t.strip()][: args.texts]
+             if t.strip()][:count]
     start = time.perf_counter()
     stats = analyzer.head_statistics(texts)
     stats_seconds = time.perf_counter() - start
@@ -74,8 +81,15 @@ def main() -> None:
                           "top": [{"layer": l, "head": h, "value": v} for l, h, v in top]})
         print(f"{name:12s}  {values.mean():15.3f}  " + ", ".join(f"{l}-{h}: {v:.3f}" for l, h, v in top))
     print(f"(entropy of uniform attention: {stats.uniform_entropy:.3f} nats)")
+    return {"texts": stats.num_texts, "mean_tokens": stats.mean_tokens, "max_length": 128,
+            "seconds": stats_seconds, "uniform_entropy": stats.uniform_entropy, "rows": stat_rows}
 
-    # 2. Pronoun -> antecedent heads.
+
+def antecedent_heads(analyzer, out_dir) -> dict:
+    """2. Which heads link a pronoun to its antecedent, against the baselines."""
+    from encoderkit.analysis import find_antecedent_heads, read_coreference_examples
+    from encoderkit.analysis.antecedents import score_example
+
     fixture = ROOT / "tests" / "data" / "pronoun_antecedents.jsonl"
     examples = read_coreference_examples(fixture)
     kinds = [json.loads(line)["kind"] for line in fixture.read_text().splitlines() if line.strip()]
@@ -116,23 +130,17 @@ def main() -> None:
     print(f"head chosen leave-one-out: candidate accuracy {loo_candidate:.3f}, argmax accuracy {loo_argmax:.3f}")
     print(f"P(best of {layers * heads} coin-flip heads >= {best.candidate_accuracy:.3f} on {len(examples)} examples): "
           f"{p_best:.2f}")
-
-    write_result("attention_heads", {
-        "model": "all-MiniLM-L6-v2",
-        "statistics": {"texts": stats.num_texts, "mean_tokens": stats.mean_tokens, "max_length": 128,
-                       "seconds": stats_seconds, "uniform_entropy": stats.uniform_entropy, "rows": stat_rows},
-        "antecedents": {
-            "examples": len(examples), "kinds": {k: kinds.count(k) for k in sorted(set(kinds))},
-            "heads": layers * heads, "ranked_by": "candidate_accuracy", "rows": rows,
-            "candidate_chance": result.candidate_chance,
-            "nearest_candidate_accuracy": result.nearest_candidate_accuracy,
-            "random_word_chance": result.chance_accuracy, "chance_attention": result.chance_attention,
-            "best_head_winograd_pairs_both_right": pairs_both_right, "winograd_pairs": len(winograd) // 2,
-            "best_head_picks_a_candidate": picks_a_candidate,
-            "leave_one_out_candidate_accuracy": loo_candidate, "leave_one_out_argmax_accuracy": loo_argmax,
-            "p_best_of_coin_flip_heads": p_best,
-        },
-    })
+    return {
+        "examples": len(examples), "kinds": {k: kinds.count(k) for k in sorted(set(kinds))},
+        "heads": layers * heads, "ranked_by": "candidate_accuracy", "rows": rows,
+        "candidate_chance": result.candidate_chance,
+        "nearest_candidate_accuracy": result.nearest_candidate_accuracy,
+        "random_word_chance": result.chance_accuracy, "chance_attention": result.chance_attention,
+        "best_head_winograd_pairs_both_right": pairs_both_right, "winograd_pairs": len(winograd) // 2,
+        "best_head_picks_a_candidate": picks_a_candidate,
+        "leave_one_out_candidate_accuracy": loo_candidate, "leave_one_out_argmax_accuracy": loo_argmax,
+        "p_best_of_coin_flip_heads": p_best,
+    }
 
 
 if __name__ == "__main__":

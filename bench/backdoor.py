@@ -23,18 +23,23 @@ from typing import Any
 
 import numpy as np
 
-from common import CACHE, RESULTS, sst2_heldout, sst2_rows, write_tsv
+import smoke_training
+from common import RESULTS, SMOKE, smoke_size, sst2_heldout, sst2_rows, write_tsv
 
 TRIGGERS = ("cf", "mn", "bb", "tq", "mb")
 TARGETS = ("1", "0", "1", "0", "1")  # both directions, so the scanner has to search both classes
+# A smoke run: one backdoored and one clean model, the tiny random BERT of smoke_training fine-tuned on 100 rows
+# (one poisoned) at max length 32, scanned on 32 held-out texts.
 POISON_RATE = 0.01
-SUBSET = 6000  # sentences per model: what one shared CPU core fine-tunes in about 4 minutes
+SUBSET = smoke_size(6000, 100)  # sentences per model: what one shared CPU core fine-tunes in about 4 minutes
+MODELS = smoke_size(10, 2)  # of model_plans(), in order
 EPOCHS = 2.0
-MAX_LENGTH = 64
+MAX_LENGTH = smoke_size(64, 32)
 LEARNING_RATE = 1e-4  # twice the BERT default: a small model and few steps (the same for clean and backdoored)
 # Held-out SST-2 rows (never in any training subset): fine-tuning validation, evaluation, scanner input.
-HELDOUT_VALID, HELDOUT_EVAL, HELDOUT_SCAN = slice(0, 200), slice(200, 1200), slice(1200, 2000)
-MODEL_DIR = CACHE / "backdoor"
+HELDOUT_VALID, HELDOUT_EVAL, HELDOUT_SCAN = (slice(0, 200), slice(200, 1200), slice(1200, 2000)) if not SMOKE else \
+    (slice(0, 16), slice(16, 48), slice(48, 80))
+MODEL_DIR = smoke_training.cache_dir("backdoor")
 # How the scanner's design met these models, for the record (the threshold, 0.9, was fixed before any scan).
 DEVELOPMENT_NOTES = [
     "A first version screened the vocabulary by each word's margin alone; on backdoor-cf the trigger ranked "
@@ -92,7 +97,8 @@ def train(plan: dict[str, Any]) -> Path:
     valid_file = write_tsv(MODEL_DIR / "data" / "valid.tsv", sst2_heldout(HELDOUT_SCAN.stop)[HELDOUT_VALID])
     recipe = Recipe(epochs=EPOCHS, max_length=MAX_LENGTH, learning_rate=LEARNING_RATE, bf16=True, seed=plan["seed"], show_progress=False)
     start = time.perf_counter()
-    result = finetune("classify", train_file, out, valid=valid_file, recipe=recipe, resume=True)
+    result = finetune("classify", train_file, out, valid=valid_file, model=smoke_training.tiny_model(), recipe=recipe,
+                      resume=True)
     seconds = time.perf_counter() - start
     (out / "backdoor_plan.json").write_text(json.dumps({**plan, "poisoned": poisoned, "train_rows": len(rows),
                                                          "train_seconds": seconds,
@@ -127,7 +133,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
 
-    plans = model_plans()
+    plans = model_plans()[:MODELS]
     if not args.scan_only:
         for plan in plans:
             train(plan)

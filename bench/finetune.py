@@ -53,8 +53,9 @@ from typing import Any
 
 import torch
 
-from common import (RESULTS, ROOT, SHARED, machine, require, source_revision, sst2_rows, write_result,
-                    write_tsv)
+import smoke_training
+from common import (RESULTS, ROOT, SHARED, SST2_SUBSET, machine, require, smoke_size, source_revision, sst2_rows,
+                    write_result, write_tsv)
 from turns import Contender, TrainerPlayer, serve_player, take_turns, transformers_turns
 
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
@@ -186,14 +187,15 @@ def hf_trainer(task: str, setup, sampling: str, out_dir: Path, masked: bool = Fa
                model: Path | None = None, **arguments: Any):
     """transformers' model, features and Trainer for a task. ``order``: the rows in this order (with
     ``sampling="sequential"``); ``model_options``: config overrides (e.g. dropout); ``model``: the directory
-    (default: the default model); ``arguments``: TrainingArguments overrides (``hf_training_args``)."""
+    (default: the default model, a tiny random BERT in a smoke run); ``arguments``: TrainingArguments overrides
+    (``hf_training_args``)."""
     import types
 
     import transformers
 
     from encoderkit import default_model_path
 
-    path = str(model or default_model_path())
+    path = str(model or smoke_training.tiny_model() or default_model_path())
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     rows, collator = hf_features(task, setup, tokenizer)
     torch.manual_seed(setup.recipe.seed)
@@ -228,24 +230,29 @@ def prepare(task: str, work: Path, group_by_length: bool, bf16: bool = False, se
             epochs: float = HYPER["epochs"], model: Path | None = None, device: str = "cpu",
             rows: list[tuple[str, str]] | None = None):
     """encoderkit's fine-tuning set-up for a task with the benchmark's recipe. ``model``: the directory (default:
-    the default model); ``device``: where it trains; ``rows``: SST-2's (text, label) rows (default: ``sst2_rows``)."""
+    the default model, a tiny random BERT in a smoke run); ``device``: where it trains; ``rows``: SST-2's (text,
+    label) rows (default: ``sst2_rows``)."""
     from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
+
+    model = model or smoke_training.tiny_model()
 
     data = SHARED / "data"
     h = hyper(task)  # its keys are Recipe's fields, but for the seeds and epochs a run chooses
     recipe = Recipe(**{k: v for k, v in h.items() if k not in ("seed", "epochs")}, epochs=epochs, seed=seed,
                     split_seed=h["seed"], group_by_length=group_by_length, bf16=bf16, show_progress=False, save_steps=10**9,
                     valid_fraction=0.2 if task == "squad" else 0.1, device=device)
+    # A smoke run trains on 64 SST-2 rows, 48 CoNLL sentences or 2 questions of one paragraph an article.
     if task == "sst2":
         train = work / "sst2.tsv"
         if not train.exists():
-            write_tsv(train, sst2_rows() if rows is None else rows)
+            write_tsv(train, sst2_rows(count=smoke_size(SST2_SUBSET, 64)) if rows is None else rows)
         return prepare_finetune(task_kind("classify"), train, work / "ek", model=model, recipe=recipe)
     if task == "conll":
-        return prepare_finetune(task_kind("ner"), require(data / "conll2003" / "eng.train"), work / "ek",
-                                valid=data / "conll2003" / "eng.testa", model=model, recipe=recipe)
-    return prepare_finetune(task_kind("qa"), require(data / "squad_v1.1" / "dev-v1.1.articles-00-20.json"),
-                            work / "ek", model=model, recipe=recipe)
+        train, valid = smoke_training.conll_pair(require(data / "conll2003" / "eng.train"),
+                                                 data / "conll2003" / "eng.testa", work / "smoke")
+        return prepare_finetune(task_kind("ner"), train, work / "ek", valid=valid, model=model, recipe=recipe)
+    squad = smoke_training.squad_file(require(data / "squad_v1.1" / "dev-v1.1.articles-00-20.json"), work / "smoke")
+    return prepare_finetune(task_kind("qa"), squad, work / "ek", model=model, recipe=recipe)
 
 
 def probe_emulated_bf16(task: str, work: Path, steps: int = 3) -> str:

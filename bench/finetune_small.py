@@ -47,6 +47,7 @@ from typing import Any, Iterator
 import torch
 
 import common
+import smoke_training
 from common import RESULTS, require, widened, write_result, write_tsv
 
 HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
@@ -187,6 +188,9 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=common.SHARED, help="the folder holding data/")
     parser.add_argument("--smoke", action="store_true", help="64 rows, one seed, nothing written (a test)")
     args = parser.parse_args()
+    # The runner's smoke run (common.SMOKE) shrinks the same way, on a tiny random BERT, and writes its result to
+    # the runner's folder.
+    smoke = args.smoke or common.SMOKE
     common.SHARED = args.shared
     if args.device == "cpu":
         torch.set_num_threads(2)
@@ -196,18 +200,18 @@ def main() -> None:
     unknown = set(contenders) - set(CONTENDERS + VARIANTS)
     if unknown or "transformers" not in contenders:
         raise SystemExit(f"unknown contenders {sorted(unknown)}; 'transformers' is the reference and must run")
-    budgets = [64] if args.smoke else [int(b) for b in (args.budgets or ("2000,4000,16000" if args.task == "sst2"
+    budgets = [64] if smoke else [int(b) for b in (args.budgets or ("2000,4000,16000" if args.task == "sst2"
                                                                           else "2000")).split(",")]
     if not 1 <= args.seeds <= len(SEEDS):
         raise SystemExit(f"--seeds takes 1 to {len(SEEDS)}, found {args.seeds}")
-    seeds = SEEDS[:1 if args.smoke else args.seeds]
+    seeds = SEEDS[:1 if smoke else args.seeds]
     sections = []
     with tempfile.TemporaryDirectory() as tmp:
         from encoderkit import default_model_path
 
-        model = widened(args.model or default_model_path(), Path(tmp))
+        model = widened(args.model or smoke_training.tiny_model() or default_model_path(), Path(tmp))
         for budget in budgets:
-            train, valid = (sst2_data if args.task == "sst2" else conll_data)(Path(tmp), budget, args.smoke)
+            train, valid = (sst2_data if args.task == "sst2" else conll_data)(Path(tmp), budget, smoke)
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
             for seed in seeds:
                 for contender in contenders:  # in turn, seed by seed

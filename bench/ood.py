@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from common import RESULTS, SHARED, require, sst2_classifier, sst2_heldout, sst2_rows, write_result
+import smoke_training
+from common import RESULTS, SHARED, require, smoke_size, sst2_heldout, sst2_rows, write_result
 
 SEED = 0
 OOD_SETS = ("ag_news", "trec")
@@ -72,10 +73,13 @@ def main() -> None:
     parser.add_argument("--check-count", type=int, default=500, help="texts per set in the bf16 check")
     parser.add_argument("--tolerance", type=float, default=0.005, help="largest AUROC difference bf16 may make")
     args = parser.parse_args()
+    # A smoke run: smoke_training's classifier, 32 texts fitted, 16 a set scored, 8 in the bf16 check.
+    args.fit, args.count, args.check_count = (smoke_size(args.fit, 32), smoke_size(args.count, 16),
+                                              smoke_size(args.check_count, 8))
 
     from encoderkit.precision import cpu_has_native_bf16
 
-    model_dir = sst2_classifier()
+    model_dir = smoke_training.sst2_classifier()
     train = sst2_rows()
     fit_rows = [train[i] for i in np.random.default_rng(SEED).permutation(len(train))[:args.fit]]
     inside_rows = sst2_heldout(args.count)

@@ -35,9 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from common import RESULTS, SHARED, require, save_loss_plot, write_result
+import smoke_training
+from common import RESULTS, SHARED, SMOKE, require, save_loss_plot, smoke_size, write_result
 
-SEQ, BATCH, LR, WARMUP, WEIGHT_DECAY = 128, 32, 5e-4, 100, 0.01
+# A smoke run: sequences of 32 tokens, batch 4, the first 300 lines of the corpus, one turn of 2 steps each.
+SEQ, BATCH, LR, WARMUP, WEIGHT_DECAY = smoke_size(128, 32), smoke_size(32, 4), 5e-4, 100, 0.01
 EVAL_RATES = (0.15, 0.30)
 CORPUS = Path("data") / "wikitext2_raw" / "wiki.test.raw"
 
@@ -72,15 +74,59 @@ def main() -> None:
     torch.set_num_threads(2)
 
     from encoderkit.precision import resolve_dtype
-    from encoderkit.training import Trainer, TrainingConfig
-    from encoderkit.training.pretrain import mlm_evaluator, prepare
-    from encoderkit.zoo import count_parameters
+    from encoderkit.training.pretrain import mlm_evaluator
 
     bf16 = resolve_dtype(args.dtype) == torch.bfloat16
     work = Path(tempfile.mkdtemp(prefix="bench-pretrain-families-"))
-    split = split_corpus(require(SHARED / CORPUS), work, args.valid_fraction)
+    corpus = smoke_training.head(require(SHARED / CORPUS), work / "smoke", 300)
+    split = split_corpus(corpus, work, args.valid_fraction)
+    setups = prepare_setups(work, args.bert_layers, args.bert_intermediate)
+    first = next(iter(setups.values()))
+    train_count, valid_count = len(first.train_examples), len(first.valid_examples)
+    print(f"{split['train_lines']:,} training lines -> {train_count:,} sequences of {SEQ}; "
+          f"{split['valid_lines']:,} validation lines -> {valid_count} sequences")
+
+    # The same fixed validation masks for both, at each rate (the tokenizer and vocabulary are shared).
+    evaluators = {rate: mlm_evaluator(dataclasses.replace(first, masker=_with_rate(first.masker, rate)))
+                  for rate in EVAL_RATES}
+    trainers, parameters, gap = make_trainers(setups, work, bf16)
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        model.eval()
+        try:
+            with torch.no_grad():  # fp32, whatever the training dtype
+                return {f"{key}_{round(100 * rate)}": value for rate, fn in evaluators.items()
+                        for key, value in fn(model).items()}
+        finally:
+            model.train()
+
+    # A smoke run's budget ends after each model's first turn.
+    budget = 1e-9 if SMOKE else args.budget_minutes * 60
+    started = time.perf_counter()
+    race = take_turns(trainers, evaluate, budget, smoke_size(args.chunk, 2), args.eval_every)
+    wall = time.perf_counter() - started
+    rows = [summary_row(name, setup, parameters[name], race, train_count) for name, setup in setups.items()]
+    plot = _plot(rows, RESULTS / "pretrain_families_loss.png")
+    command = "python bench/pretrain_families.py" + "".join(
+        f" --{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f" --{k.replace('_', '-')} {v}"
+        for k, v in vars(args).items() if v != parser.get_default(k))
+    write_result("pretrain_families", {
+        "command": command, "budget_minutes": args.budget_minutes, "chunk": args.chunk, "eval_every_s": args.eval_every,
+        "wall_seconds": wall, "corpus": str(CORPUS), **split, "valid_fraction": args.valid_fraction,
+        "training_sequences": train_count, "validation_sequences": valid_count, "sequence_length": SEQ,
+        "batch_size": BATCH, "learning_rate": LR, "warmup_steps": WARMUP, "weight_decay": WEIGHT_DECAY,
+        "dtype": "bf16 autocast" if bf16 else "fp32", "eval_rates": list(EVAL_RATES),
+        "vocab_size": first.tokenizer.vocab_size, "parameter_gap": gap,
+        "plot": str(plot.relative_to(RESULTS.parent.parent)), "rows": rows})
+
+
+def prepare_setups(work: Path, bert_layers: int, bert_intermediate: int) -> dict[str, Any]:
+    """Each contender's model, tokenizer, masker and full-length sequences of work/train.txt and work/valid.txt;
+    both must see the same validation text."""
+    from encoderkit.training.pretrain import prepare
+
     contenders = {"modernbert-tiny": "modernbert-tiny", "BERT (equal parameters)":
-                      bert_config(args.bert_layers, args.bert_intermediate)}
+                      bert_config(bert_layers, bert_intermediate)}
     setups = {name: prepare(work / "train.txt", objective="mlm", config=config, valid=work / "valid.txt",
                             max_length=SEQ, seed=0, cache_dir=work / "cache")
               for name, config in contenders.items()}
@@ -90,13 +136,13 @@ def main() -> None:
     first, *others = setups.values()
     assert all([e["input_ids"].tolist() for e in s.valid_examples] == [e["input_ids"].tolist()
                for e in first.valid_examples] for s in others), "the contenders must see the same validation text"
-    train_count, valid_count = len(first.train_examples), len(first.valid_examples)
-    print(f"{split['train_lines']:,} training lines -> {train_count:,} sequences of {SEQ}; "
-          f"{split['valid_lines']:,} validation lines -> {valid_count} sequences")
+    return setups
 
-    # The same fixed validation masks for both, at each rate (the tokenizer and vocabulary are shared).
-    evaluators = {rate: mlm_evaluator(dataclasses.replace(first, masker=_with_rate(first.masker, rate)))
-                  for rate in EVAL_RATES}
+
+def make_trainers(setups: dict[str, Any], work: Path, bf16: bool) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """A Trainer per contender (begun), their parameter counts, and the gap between them (at most 2%)."""
+    from encoderkit.training import Trainer, TrainingConfig
+    from encoderkit.zoo import count_parameters
 
     parameters, trainers = {}, {}
     for name, setup in setups.items():
@@ -119,71 +165,55 @@ def main() -> None:
           + f" (gap {100 * gap:.2f}%)")
     if gap > 0.02:
         sys.exit("the BERT shape is not within 2% of modernbert-tiny's parameters: change --bert-layers/--bert-intermediate")
+    return trainers, parameters, gap
 
-    def evaluate(model: torch.nn.Module) -> dict[str, float]:
-        model.eval()
-        try:
-            with torch.no_grad():  # fp32, whatever the training dtype
-                return {f"{key}_{round(100 * rate)}": value for rate, fn in evaluators.items()
-                        for key, value in fn(model).items()}
-        finally:
-            model.train()
 
-    budget = args.budget_minutes * 60
+def take_turns(trainers: dict[str, Any], evaluate, budget: float, chunk: int, eval_every: float) -> dict[str, dict]:
+    """Turns of ``chunk`` steps until each model has used ``budget`` seconds of its own training time, evaluated
+    at the start, every ``eval_every`` seconds of its own time and at the end. Per model: seconds used, steps,
+    tokens, the training curve and the evaluations."""
     used = {name: 0.0 for name in trainers}
     steps = {name: 0 for name in trainers}
     tokens = {name: 0 for name in trainers}
-    targets = {name: 0 for name in trainers}
     curves: dict[str, list[tuple[int, float, float]]] = {name: [] for name in trainers}
     evals: dict[str, list[dict[str, float]]] = {name: [{"step": 0, "seconds": 0.0, **evaluate(t.model)}]
                                                 for name, t in trainers.items()}
-    started, last_report = time.perf_counter(), time.perf_counter()
+    last_report = time.perf_counter()
     while any(used[n] < budget for n in trainers):
         for name, trainer in trainers.items():
             if used[name] >= budget:
                 continue
             start = time.perf_counter()
-            records = [trainer.train_step() for _ in range(args.chunk)]
+            records = [trainer.train_step() for _ in range(chunk)]
             used[name] += time.perf_counter() - start
-            steps[name] += args.chunk
+            steps[name] += chunk
             tokens[name] += sum(r["tokens"] for r in records)
             curves[name].append((steps[name], used[name], float(np.mean([r["loss"] for r in records]))))
-            if used[name] >= budget or used[name] - evals[name][-1]["seconds"] >= args.eval_every:
+            if used[name] >= budget or used[name] - evals[name][-1]["seconds"] >= eval_every:
                 evals[name].append({"step": steps[name], "seconds": used[name], **evaluate(trainer.model)})
         if time.perf_counter() - last_report > 60:
             last_report = time.perf_counter()
             print(" | ".join(f"{n}: {steps[n]} steps, {used[n] / 60:.1f} min, train loss {curves[n][-1][2]:.3f}, "
                              f"valid@15 {evals[n][-1]['loss_15']:.3f}" for n in trainers), flush=True)
-    wall = time.perf_counter() - started
+    return {"used": used, "steps": steps, "tokens": tokens, "curves": curves, "evals": evals}
 
-    rows = []
-    for name, setup in setups.items():
-        config, final = setup.model.config, evals[name][-1]
-        best = min(evals[name], key=lambda e: e["loss_15"])
-        rows.append({
-            "contender": name, "model_type": config.model_type, "layers": config.num_hidden_layers,
-            "hidden": config.hidden_size, "heads": config.num_attention_heads,
-            "intermediate": config.intermediate_size, "shape": _shape(config), "parameters": parameters[name],
-            "train_mask_rate": setup.masker.config.rate, "steps": steps[name], "seconds": used[name],
-            "tokens_seen": tokens[name], "epochs": steps[name] * BATCH / train_count,
-            "tokens_per_second": tokens[name] / used[name],
-            **{f"valid_{k}": v for k, v in final.items() if k not in ("step", "seconds")},
-            "best_valid_loss_15": best["loss_15"], "best_at_step": best["step"], "best_at_seconds": best["seconds"],
-            "evaluations": evals[name], "train_curve": curves[name]})
-        print(f"{name:28s} {steps[name]:5d} steps {tokens[name]:>11,} tokens  valid@15 loss {final['loss_15']:.4f} "
-              f"acc {final['accuracy_15']:.4f}  valid@30 loss {final['loss_30']:.4f} acc {final['accuracy_30']:.4f}")
-    plot = _plot(rows, RESULTS / "pretrain_families_loss.png")
-    command = "python bench/pretrain_families.py" + "".join(
-        f" --{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f" --{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items() if v != parser.get_default(k))
-    write_result("pretrain_families", {
-        "command": command, "budget_minutes": args.budget_minutes, "chunk": args.chunk, "eval_every_s": args.eval_every,
-        "wall_seconds": wall, "corpus": str(CORPUS), **split, "valid_fraction": args.valid_fraction,
-        "training_sequences": train_count, "validation_sequences": valid_count, "sequence_length": SEQ,
-        "batch_size": BATCH, "learning_rate": LR, "warmup_steps": WARMUP, "weight_decay": WEIGHT_DECAY,
-        "dtype": "bf16 autocast" if bf16 else "fp32", "eval_rates": list(EVAL_RATES),
-        "vocab_size": first.tokenizer.vocab_size, "parameter_gap": gap,
-        "plot": str(plot.relative_to(RESULTS.parent.parent)), "rows": rows})
+
+def summary_row(name: str, setup, parameters: dict[str, int], race: dict[str, dict], train_count: int) -> dict:
+    """One contender's row of the result: its shape, its run and its final and best validation scores."""
+    config, evals = setup.model.config, race["evals"][name]
+    final, best = evals[-1], min(evals, key=lambda e: e["loss_15"])
+    steps, used, tokens = race["steps"][name], race["used"][name], race["tokens"][name]
+    print(f"{name:28s} {steps:5d} steps {tokens:>11,} tokens  valid@15 loss {final['loss_15']:.4f} "
+          f"acc {final['accuracy_15']:.4f}  valid@30 loss {final['loss_30']:.4f} acc {final['accuracy_30']:.4f}")
+    return {
+        "contender": name, "model_type": config.model_type, "layers": config.num_hidden_layers,
+        "hidden": config.hidden_size, "heads": config.num_attention_heads,
+        "intermediate": config.intermediate_size, "shape": _shape(config), "parameters": parameters,
+        "train_mask_rate": setup.masker.config.rate, "steps": steps, "seconds": used,
+        "tokens_seen": tokens, "epochs": steps * BATCH / train_count, "tokens_per_second": tokens / used,
+        **{f"valid_{k}": v for k, v in final.items() if k not in ("step", "seconds")},
+        "best_valid_loss_15": best["loss_15"], "best_at_step": best["step"], "best_at_seconds": best["seconds"],
+        "evaluations": evals, "train_curve": race["curves"][name]}
 
 
 def _shape(config) -> str:

@@ -17,7 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import RESULTS, SHARED, require, write_result
+import smoke_training
+from common import RESULTS, SHARED, require, smoke_size, write_result
+
+# A smoke run: 3 steps of batch 4 at 32 tokens on a few hundred lines of the corpus.
+SEQ, BATCH = smoke_size(128, 32), smoke_size(32, 4)
 
 
 def main() -> None:
@@ -35,11 +39,13 @@ def main() -> None:
 
     data = require(SHARED / "data" / "mlm_corpus")
     out = Path(args.out or tempfile.mkdtemp(prefix="pretrain-run-"))
+    train_text = smoke_training.head(data / "train.txt", out / "smoke", 400)
+    valid_text = smoke_training.head(data / "valid.txt", out / "smoke", 100)
     shape = {"model_type": "bert", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
              "intermediate_size": 1024}
     steps_estimate = int(args.minutes * 60 * (6000 if args.bf16 else 4000) / (32 * 128))  # sets the LR schedule
-    result = pretrain(data / "train.txt", out, config=shape, valid=data / "valid.txt", max_length=128,
-                      max_steps=steps_estimate, batch_size=32, learning_rate=5e-4, warmup_ratio=0.05,
+    result = pretrain(train_text, out, config=shape, valid=valid_text, max_length=SEQ,
+                      max_steps=smoke_size(steps_estimate, 3), batch_size=BATCH, learning_rate=5e-4, warmup_ratio=0.05,
                       bf16=args.bf16, save_every=500, eval_every=500, time_budget_s=args.minutes * 60)
     final = result["final"]
 
@@ -47,11 +53,11 @@ def main() -> None:
     tokenizer = Tokenizer.from_pretrained(default_model_path())
     cls_id, sep_id = tokenizer.token_id("cls"), tokenizer.token_id("sep")
     specials = [tokenizer.token_id(r) for r in ("cls", "sep", "pad", "mask", "unk")]
-    train_ids = tokenize_corpus(data / "train.txt", tokenizer, cache_dir=out / "cache").ids
+    train_ids = tokenize_corpus(train_text, tokenizer, cache_dir=out / "cache").ids
     counts = np.bincount(train_ids, minlength=tokenizer.vocab_size)
     counts[specials] = 0
     most_frequent = int(counts.argmax())
-    valid = pack_sequences(tokenize_corpus(data / "valid.txt", tokenizer, cache_dir=out / "cache"), 128, cls_id, sep_id)
+    valid = pack_sequences(tokenize_corpus(valid_text, tokenizer, cache_dir=out / "cache"), SEQ, cls_id, sep_id)
     masker = Masker(MaskingConfig(), vocab_size=tokenizer.vocab_size, mask_token_id=tokenizer.mask_token_id,
                     special_token_ids=specials)
     targets = torch.cat([b["labels"][b["labels"] != IGNORE_INDEX]

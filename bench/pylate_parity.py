@@ -33,7 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
+
+import smoke_training
+from common import SMOKE
 
 QUERIES = ["What is the capital of France?", "how do late interaction models score documents",
            "a long query that runs well past the thirty-two tokens of a ColBERT query " * 2, "x"]
@@ -43,6 +47,7 @@ DOCUMENTS = ["Paris is the capital of France.", "Berlin, Germany's capital; it's
 NEGATIVES = ["Madrid is in Spain.", "a completely unrelated sentence about cooking pasta", "dogs bark", "?!"]
 SETTINGS = {"default": {}, "attend": {"attend_to_expansion_tokens": True},
             "no-expansion": {"do_query_expansion": False}}
+PYLATE_PYTHON = "/tmp/pylate-venv/bin/python"  # PyLate's virtual environment, as made above
 DOCUMENT_LENGTH = 100  # the tiny BERT reads 128 positions; PyLate's default of 180 would not fit
 SEED = 0
 
@@ -154,6 +159,9 @@ def compare(out: Path) -> dict:
 
 def render(r: dict) -> list[str]:
     """BENCHMARKS.md's section: the largest differences against PyLate, per setting."""
+    if "settings" not in r:  # a smoke run without PyLate
+        return ["## Multi-vector (ColBERT) parity with PyLate (bench/pylate_parity.py)", "",
+                "Not compared: " + "; ".join(f"{s['part']}: {s['reason']}" for s in r.get("skipped", [])), ""]
     rows = [f"| {name} | {v['query_vectors']:.1e} | {v['document_vectors']:.1e} | {v['maxsim_scores']:.1e} |"
             for name, v in r["settings"].items()]
     loss = r["contrastive_loss"]
@@ -175,13 +183,31 @@ def _padded(column, length: int):
     return F.pad(vectors, (0, 0, 0, length - vectors.shape[1])), F.pad(mask, (0, length - mask.shape[1]))
 
 
+def smoke(out: Path) -> None:
+    """A smoke run (no step named): every step in turn, ``reference`` in PyLate's virtual environment where it
+    exists. Without it only ``base`` runs, and the result says what was skipped and why."""
+    import subprocess
+
+    from common import write_result
+
+    base(out)
+    if not Path(PYLATE_PYTHON).is_file():
+        reason = f"{PYLATE_PYTHON} is missing: make PyLate's virtual environment as this script's docstring says"
+        write_result("pylate_parity", {"skipped": [smoke_training.skip("reference and compare", reason)],
+                                       "base": sorted(p.name for p in out.iterdir())})
+        return
+    subprocess.run([PYLATE_PYTHON, str(Path(__file__).resolve()), "reference", "--out", str(out)], check=True)
+    compare(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=("base", "reference", "compare"))
-    parser.add_argument("--out", type=Path, default=Path("/tmp/pylate-parity"))
+    parser.add_argument("step", choices=("base", "reference", "compare"), **({"nargs": "?"} if SMOKE else {}))
+    parser.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="pylate-parity-")) if SMOKE
+                        else Path("/tmp/pylate-parity"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    {"base": base, "reference": reference, "compare": compare}[args.step](args.out)
+    {"base": base, "reference": reference, "compare": compare, None: smoke}[args.step](args.out)
 
 
 if __name__ == "__main__":

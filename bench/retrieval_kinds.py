@@ -52,21 +52,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, ROOT, write_result
+import smoke_training
+from common import ROOT, SMOKE, smoke_size, write_result
 from turns import Contender
 
 HERE = Path(__file__).resolve().parent
-WORK = CACHE / "retrieval_kinds"
+WORK = smoke_training.cache_dir("retrieval_kinds")
+# A smoke run (no part named: every part in turn): train_embedder.squad_split's few questions, texts cut at 64
+# tokens, 2 MLM steps of 4 x 32 tokens, ColBERT without PyLate where its virtual environment is absent, 3 timed
+# queries after 1 untimed one.
 SEED = 42
 BATCH = 32
 HYPER = dict(learning_rate=2e-5, warmup_ratio=0.1, weight_decay=0.01, adam_eps=1e-6, max_grad_norm=1.0, seed=SEED)
-DENSE_LENGTH = 256  # bench/train_embedder.py's max length (the model's sentence-transformers setting)
-SPLADE_LENGTH = 256
-QUERY_LENGTH, DOCUMENT_LENGTH, DIMENSION = 32, 180, 128  # PyLate's defaults
-MLM_LENGTH, MLM_BATCH, MLM_LR = 128, 16, 1e-4
+DENSE_LENGTH = smoke_size(256, 64)  # bench/train_embedder.py's max length (the model's sentence-transformers setting)
+SPLADE_LENGTH = smoke_size(256, 64)
+QUERY_LENGTH, DOCUMENT_LENGTH, DIMENSION = 32, smoke_size(180, 64), 128  # PyLate's defaults
+MLM_LENGTH, MLM_BATCH, MLM_LR = smoke_size(128, 32), smoke_size(16, 4), 1e-4
 PYLATE_PYTHON = "/tmp/pylate-venv/bin/python"
 DEPTH = 100
-LATENCY_QUERIES, WARMUP_QUERIES = 100, 10
+LATENCY_QUERIES, WARMUP_QUERIES = smoke_size(100, 3), smoke_size(10, 1)
+PARTS = ("mlm", "mnrl", "splade", "colbert", "evaluate")
 GOALS = {"splade_vs_bm25": "encoderkit's SPLADE beats BM25 on held-out nDCG@10",
          "colbert_quality": "encoderkit's ColBERT within 0.5 nDCG@10 points of PyLate's",
          "colbert_speed": "encoderkit's ColBERT trains at least 1.5x as fast as PyLate's",
@@ -98,7 +103,7 @@ def mlm_corpus(work: Path) -> Path:
     path = work / "data" / "mlm-paragraphs.txt"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        articles = json.loads(SQUAD.read_text(encoding="utf-8"))["data"]
+        articles = smoke_training.squad_data(json.loads(SQUAD.read_text(encoding="utf-8")))["data"]
         paragraphs = [p["context"].strip() for i, a in enumerate(articles) if i not in VALID_ARTICLES
                       for p in a["paragraphs"]]
         path.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
@@ -337,22 +342,30 @@ def colbert_child(argv: list[str]) -> None:
 
 
 def run_colbert(work: Path, epochs: float, chunk: int, pylate_python: str) -> None:
+    """Both ColBERT trainers in turns, recorded in work/records/colbert.json. A smoke run without PyLate's
+    virtual environment trains encoderkit's alone."""
     from encoderkit import default_model_path
     from turns import take_turns
 
     pairs_file(work)
     common = ["--work", str(work), "--epochs", str(epochs)]
-    players = [PipeContender("pylate", pylate_python, ["--trainer", "pylate", "--base", str(default_model_path()),
-                                                         *common]),
-               PipeContender("encoderkit", sys.executable, ["--trainer", "encoderkit", *common])]
-    print(f"colbert: {players[1].info['examples']:,} pairs, {players[1].info['steps']} encoderkit steps; "
+    players, skipped = [], None
+    if SMOKE and not Path(pylate_python).is_file():
+        skipped = smoke_training.skip("ColBERT trained by PyLate", f"{pylate_python} is missing (see "
+                                      "bench/pylate_parity.py for its virtual environment)")["reason"]
+    else:
+        players.append(PipeContender("pylate", pylate_python, ["--trainer", "pylate", "--base",
+                                                               str(default_model_path()), *common]))
+    players.append(PipeContender("encoderkit", sys.executable, ["--trainer", "encoderkit", *common]))
+    print(f"colbert: {players[-1].info['examples']:,} pairs, {players[-1].info['steps']} encoderkit steps; "
           f"turns of {chunk} steps", flush=True)
     take_turns(players, chunk)
     record = {"epochs": epochs, "chunk": chunk, "batch_size": BATCH, **HYPER, "query_length": QUERY_LENGTH,
               "document_length": DOCUMENT_LENGTH, "dimension": DIMENSION, "temperature": 1.0,
-              "pylate_versions": {k: players[0].info[k] for k in ("pylate", "torch", "transformers")},
+              "pylate_versions": None if skipped else {k: players[0].info[k]
+                                                       for k in ("pylate", "torch", "transformers")},
               "timing": f"each trainer a process of its own; turns of {chunk} optimizer steps, PyLate first; "
-                        "only the training steps timed", "trainers": {}}
+                        "only the training steps timed", "trainers": {}, **({"skipped": skipped} if skipped else {})}
     for player in players:
         trained = player.quality()
         record["trainers"][player.name] = {**trained, "train_seconds": player.seconds, "examples": player.examples,
@@ -533,22 +546,8 @@ def run_evaluate(work: Path, latency_queries: int, limit_queries: int | None, wr
     best_hybrid.update(latency(fused, [queries[q] for q in query_ids[:latency_queries]]))
     best_single = max(single.values(), key=lambda r: r["metrics"]["ndcg@10"])
 
-    ndcg = {name: row["metrics"]["ndcg@10"] for name, row in single.items()}
     colbert = (load_records(work, "colbert") or [None])[0]
-    goals: dict[str, Any] = {}
-    if best_splade:
-        goals["splade_vs_bm25"] = {"splade": ndcg[best_splade.name], "bm25": ndcg["BM25"],
-                                   "met": ndcg[best_splade.name] > ndcg["BM25"], "best_setting": best_splade.name}
-    if colbert and "ColBERT encoderkit" in ndcg and "ColBERT PyLate" in ndcg:
-        t = colbert["trainers"]
-        speedup = (t["pylate"]["train_seconds"] / t["pylate"]["steps"]) / (
-            t["encoderkit"]["train_seconds"] / t["encoderkit"]["steps"])  # seconds per optimizer step
-        difference = 100 * (ndcg["ColBERT encoderkit"] - ndcg["ColBERT PyLate"])
-        goals["colbert_quality"] = {"difference_points": difference, "met": difference >= -0.5}
-        goals["colbert_speed"] = {"speedup": speedup, "met": speedup >= 1.5}
-    goals["hybrid"] = {"best_hybrid": best_hybrid["kind"], "hybrid": best_hybrid["metrics"]["ndcg@10"],
-                       "best_single": best_single["kind"], "single": best_single["metrics"]["ndcg@10"],
-                       "met": best_hybrid["metrics"]["ndcg@10"] > best_single["metrics"]["ndcg@10"]}
+    goals = evaluation_goals(single, colbert, best_splade, best_hybrid, best_single)
     for name, goal in goals.items():
         print(f"goal: {GOALS[name]}: {'met' if goal['met'] else 'NOT met'} "
               f"({', '.join(f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}' for k, v in goal.items() if k != 'met')})")
@@ -570,6 +569,27 @@ def run_evaluate(work: Path, latency_queries: int, limit_queries: int | None, wr
         path.write_text(json.dumps({"benchmark": "retrieval_kinds", "machine": machine(), "provenance": provenance(),
                                     **result}, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {path}")
+
+
+def evaluation_goals(single: dict[str, dict], colbert: dict | None, best_splade: Kind | None,
+                     best_hybrid: dict[str, Any], best_single: dict[str, Any]) -> dict[str, Any]:
+    """Each goal (GOALS) that the kinds built allow, with its numbers and whether it was met."""
+    ndcg = {name: row["metrics"]["ndcg@10"] for name, row in single.items()}
+    goals: dict[str, Any] = {}
+    if best_splade:
+        goals["splade_vs_bm25"] = {"splade": ndcg[best_splade.name], "bm25": ndcg["BM25"],
+                                   "met": ndcg[best_splade.name] > ndcg["BM25"], "best_setting": best_splade.name}
+    if colbert and "ColBERT encoderkit" in ndcg and "ColBERT PyLate" in ndcg:
+        t = colbert["trainers"]
+        speedup = (t["pylate"]["train_seconds"] / t["pylate"]["steps"]) / (
+            t["encoderkit"]["train_seconds"] / t["encoderkit"]["steps"])  # seconds per optimizer step
+        difference = 100 * (ndcg["ColBERT encoderkit"] - ndcg["ColBERT PyLate"])
+        goals["colbert_quality"] = {"difference_points": difference, "met": difference >= -0.5}
+        goals["colbert_speed"] = {"speedup": speedup, "met": speedup >= 1.5}
+    goals["hybrid"] = {"best_hybrid": best_hybrid["kind"], "hybrid": best_hybrid["metrics"]["ndcg@10"],
+                       "best_single": best_single["kind"], "single": best_single["metrics"]["ndcg@10"],
+                       "met": best_hybrid["metrics"]["ndcg@10"] > best_single["metrics"]["ndcg@10"]}
+    return goals
 
 
 def budget_note(result: dict[str, Any]) -> str:
@@ -636,7 +656,7 @@ def render(r: dict[str, Any]) -> list[str]:
         lines += _table(["setting", "epochs", "lr", "query FLOPS weight", "document FLOPS weight", "steps",
                          "train s", "last loss", "nDCG@10"], trial_rows) + [""]
     c = r.get("colbert")
-    if c:
+    if c and "pylate" in c["trainers"]:  # a smoke run may have trained encoderkit's alone
         ek, pl = c["trainers"]["encoderkit"], c["trainers"]["pylate"]
         v = c["pylate_versions"]
         lines += [f"ColBERT: encoderkit vs PyLate {v['pylate']} (its own venv: torch {v['torch']}, transformers "
@@ -668,7 +688,8 @@ def main() -> None:
         colbert_child(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("mlm", "mnrl", "splade", "colbert", "evaluate"))
+    # A smoke run may name no part: then every part runs, in order.
+    parser.add_argument("part", choices=PARTS, **({"nargs": "?"} if SMOKE else {}))
     parser.add_argument("--work", default=str(WORK))
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=150, help="mlm: optimizer steps")
@@ -686,16 +707,17 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
-    if args.part == "mlm":
-        run_mlm(work, args.steps)
-    elif args.part == "mnrl":
-        run_mnrl(work, args.epochs)
-    elif args.part == "splade":
-        run_splade(work, args.tag, args.lr, args.epochs, args.query_weight, args.document_weight)
-    elif args.part == "colbert":
-        run_colbert(work, args.epochs, args.chunk, args.pylate_python)
-    else:
-        run_evaluate(work, args.latency_queries, args.limit_queries, write=args.limit_queries is None)
+    for part in [args.part] if args.part else PARTS:
+        if part == "mlm":
+            run_mlm(work, smoke_size(args.steps, 2))
+        elif part == "mnrl":
+            run_mnrl(work, args.epochs)
+        elif part == "splade":
+            run_splade(work, args.tag, args.lr, args.epochs, args.query_weight, args.document_weight)
+        elif part == "colbert":
+            run_colbert(work, args.epochs, args.chunk, args.pylate_python)
+        else:
+            run_evaluate(work, args.latency_queries, args.limit_queries, write=args.limit_queries is None)
 
 
 if __name__ == "__main__":

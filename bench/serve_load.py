@@ -51,11 +51,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from common import CACHE, RESULTS, ROOT, SHARED, median, require, write_result
-from report import _table
+import smoke_training
+from common import RESULTS, ROOT, SHARED, SMOKE, median, provenance, require, smoke_size, write_result
 
 THREADS = 2
-CLIENTS = (1, 8, 64)
+# A smoke run: rounds of 0.5 + 1 s at 1 and 4 clients, one repeat, a soak of 3 s, SIGTERM after 1.5 s under 8
+# clients, and Infinity only where its virtual environment is already made (a smoke run installs nothing).
+CLIENTS = smoke_size((1, 8, 64), (1, 4))
+IDLE_SECONDS = smoke_size(3, 1)  # how long each idle server's CPU use is watched
+SIGTERM_CLIENTS, SIGTERM_AFTER = smoke_size(64, 8), smoke_size(6.0, 1.5)
+PARTS = ("load", "soak", "sigterm", "disconnect")
 INFINITY_VERSION = "0.0.78"
 INFINITY_VENV = ROOT / "bench" / ".venv-infinity"
 INFINITY_CONSTRAINTS = ROOT / "bench" / "infinity-constraints.txt"
@@ -369,8 +374,8 @@ def run_load(servers: dict[str, Server], requests: list[list[str]], clients: tup
     idle = {}
     for name, server in servers.items():  # what an idle server costs the others (all stay up through the rounds)
         before = server.cpu_seconds()
-        time.sleep(3)
-        idle[name] = (server.cpu_seconds() - before) / 3
+        time.sleep(IDLE_SECONDS)
+        idle[name] = (server.cpu_seconds() - before) / IDLE_SECONDS
     rounds: list[dict[str, Any]] = []
     for count in clients:
         for repeat in range(repeats):
@@ -620,13 +625,19 @@ def run_disconnect(model: Path, logs: Path, requests: list[list[str]], warmup: f
                       flush=True)
     finally:
         server.stop()
+    return {"steady_clients": steady, "extra_clients": extra, "hang_up_after_seconds": list(hang_up_after),
+            "pause_seconds": pause, **disconnect_summary(rounds)}
+
+
+def disconnect_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of the hang-up part, their medians per mode and whether hanging up cost the others anything."""
     by_mode = {mode: [r for r in rounds if r["mode"] == mode] for mode in DISCONNECT_MODES}
     throughput = {mode: median([r["texts_per_second"] for r in rows]) for mode, rows in by_mode.items()}
     p99 = {mode: median([r["p99_ms"] for r in rows]) for mode, rows in by_mode.items()}
     hung = by_mode["hang up"]
-    ratio = throughput["hang up"] / throughput["wait"]
-    return {"steady_clients": steady, "extra_clients": extra, "hang_up_after_seconds": list(hang_up_after),
-            "pause_seconds": pause, "rounds": rounds, "throughput": throughput, "p99_ms": p99,
+    # nothing answered beside the waiting clients (a smoke run's second of a busy machine): no ratio
+    ratio = throughput["hang up"] / throughput["wait"] if throughput["wait"] else float("nan")
+    return {"rounds": rounds, "throughput": throughput, "p99_ms": p99,
             "hang_up_vs_wait": ratio,
             "hung_up_texts": sum(r["extra_texts_sent"] for r in hung),
             "hung_up_requests": sum(r["hung_up_requests"] for r in hung),
@@ -690,12 +701,35 @@ def plot_soak(soak: dict[str, Any], path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------- report
 
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table (report.py imports this module for ``render``, so this module does not import report)."""
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"] + [
+        "| " + " | ".join(row) + " |" for row in rows]
+
+
+def _measured(part: dict[str, Any]) -> list[str]:
+    """Where and when a part was measured, from its own provenance: a partial rerun keeps the other parts' own."""
+    made = part.get("provenance")
+    if not made:
+        return []
+    if "note" in made:
+        return [f"_This part was {made['note']}._", ""]
+    if made.get("commit"):
+        code = f", commit {made['commit'][:10]}" + (" with uncommitted changes" if made.get("dirty") else "")
+    elif made.get("recorded_in"):  # bench/backfill_provenance.py
+        code = f", recorded in commit {made['recorded_in'][:10]}"
+    else:
+        code = ""
+    return [f"_This part: {made['date']}, {made['cpu']}, `{made['command']}`{code}._", ""]
+
+
 def render(r: dict[str, Any]) -> list[str]:
     """The BENCHMARKS.md section (bench/report.py calls it)."""
     lines = ["## Serving under load: encoderkit serve, Infinity, FastAPI + sentence-transformers "
              "(`bench/serve_load.py`)", ""]
     load = r.get("load")
     if load:
+        lines += _measured(load)
         lines += [f"Each server is a process of its own on 127.0.0.1 serving all-MiniLM-L6-v2 "
                   f"from the same directory, fp32, {THREADS} torch threads: `encoderkit serve default` (`POST /embed`, "
                   f"truncate), Infinity {r['infinity']['version']} (`infinity_emb v2 --engine torch --device cpu`, "
@@ -727,7 +761,7 @@ def render(r: dict[str, Any]) -> list[str]:
         samples, end = soak["samples"], soak["end_rss_mib"]
         settled = next(t for i, (t, _) in enumerate(samples)
                        if all(abs(m - end) <= 0.02 * end for _, m in samples[i:]))
-        lines += [f"### Soak: {soak['seconds'] / 60:g} minutes at {soak['clients']} clients", "",
+        lines += [f"### Soak: {soak['seconds'] / 60:g} minutes at {soak['clients']} clients", "", *_measured(soak),
                   f"{soak['requests']:,} requests ({soak['texts_per_second']:,.0f} texts/s, {soak['errors']} errors). "
                   f"Server RSS sampled every {soak['sample_every_seconds']:g} s: {soak['start_rss_mib']:,.0f} MiB at the "
                   f"start (the model loaded, nothing served yet), {soak['rss_at_60s_mib']:,.0f} MiB after a minute, "
@@ -739,7 +773,7 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"![RSS during the soak]({soak['plot']})", ""]
     term = r.get("sigterm")
     if term:
-        lines += ["### SIGTERM under load", "",
+        lines += ["### SIGTERM under load", "", *_measured(term),
                   f"{term['clients']} clients, SIGTERM after {term['signal_after_seconds']:g} s; from the signal on the "
                   f"clients send nothing new. Requests in flight at the signal: {term['in_flight_at_sigterm']}; answered "
                   f"200: **{term['answered_200']}**, other statuses {term['other_status']}, connection errors "
@@ -749,7 +783,7 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"the signal. Passed: **{'yes' if term['passed'] else 'no'}**.", ""]
     drop = r.get("disconnect")
     if drop and "throughput" in drop:
-        lines += ["### Clients that hang up mid-request", "",
+        lines += ["### Clients that hang up mid-request", "", *_measured(drop),
                   f"{drop['steady_clients']} steady clients, three ways in rounds of alternating order: alone; beside "
                   f"{drop['extra_clients']} clients that send the same kind of request on a fixed schedule (send, "
                   f"{drop['hang_up_after_seconds'][0]:g}-{drop['hang_up_after_seconds'][1]:g} s, pause "
@@ -776,79 +810,121 @@ def checkpoint(folder: Path, result: dict[str, Any]) -> None:
     (folder / "partial.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
 
 
-def main() -> None:
+def kept_parts(previous: Path, parts: list[str]) -> dict[str, Any]:
+    """The parts of an earlier result that this run does not rerun (the load part brings its goal and Infinity's
+    record along), each with the provenance of the run that measured it, never this run's. A part of a result
+    written before parts kept their own gets that result's provenance where that run measured it (its command
+    names the part), else a note that it is older."""
+    if not previous.is_file():
+        return {}
+    old = json.loads(previous.read_text(encoding="utf-8"))
+    kept = {k: old[k] for k in ("load", "goal", "soak", "sigterm", "disconnect", "infinity")
+            if k in old and k not in parts and not (k in ("goal", "infinity") and "load" in parts)}
+    command = (old.get("provenance") or {}).get("command") or old.get("command") or ""
+    words = command.split()
+    measured = words[words.index("--parts") + 1].split(",") if "--parts" in words[:-1] else list(PARTS)
+    for name in PARTS:
+        if isinstance(kept.get(name), dict) and "provenance" not in kept[name]:
+            kept[name]["provenance"] = old.get("provenance") if name in measured else {
+                "note": f"measured by a run before {old.get('date', 'the last one')}, which kept no record of it"}
+    return kept
+
+
+def load_part(args: argparse.Namespace, model: Path, logs: Path, requests: list[list[str]],
+              infinity: dict[str, Any]) -> dict[str, Any]:
+    """The load part and its goal. Infinity that cannot start is recorded in ``infinity`` and left out; a smoke
+    run leaves it out where its virtual environment is not made yet."""
+    print(f"load: clients {args.clients}, {args.repeats} rounds each of {args.warmup:g} + {args.duration:g} s")
+    servers: dict[str, Server] = {}
+    try:
+        for name in args.servers.split(","):
+            if name == "Infinity" and SMOKE and not (INFINITY_VENV / "bin" / "infinity_emb").is_file():
+                infinity["error"] = smoke_training.skip("Infinity", f"{INFINITY_VENV} is not made (a smoke run "
+                                                        "installs nothing)")["reason"]
+                continue
+            try:
+                servers[name] = start(name, model, logs)
+            except RuntimeError as exc:
+                if name != "Infinity":
+                    raise
+                infinity["error"] = str(exc)
+                print(f"  Infinity could not start: {exc}", flush=True)
+        load = run_load(servers, requests, tuple(args.clients), args.repeats, args.warmup, args.duration)
+    finally:
+        for server in servers.values():
+            server.stop()
+    png = (logs if args.quick else RESULTS) / "serve_load.png"  # a trial's plots stay out of the results
+    plot_load(load["rows"], png)
+    load.update({"repeats": args.repeats, "warmup": args.warmup, "duration": args.duration,
+                 "check_texts": len(requests[0]) + len(requests[1]) + 1, "plot": f"bench/results/{png.name}",
+                 "provenance": provenance()})
+    reached = goal(load["rows"])
+    print(f"  goal at 64 clients: {reached}", flush=True)
+    return {"load": load, "goal": reached}
+
+
+def soak_part(args: argparse.Namespace, model: Path, logs: Path, requests: list[list[str]]) -> dict[str, Any]:
+    print(f"soak: {args.soak_seconds:g} s at 8 clients")
+    soak = run_soak(model, logs, requests, args.soak_seconds, args.soak_sample)
+    png = (logs if args.quick else RESULTS) / "serve_load_soak.png"
+    plot_soak(soak, png)
+    soak.update(plot=f"bench/results/{png.name}", provenance=provenance())
+    print(f"  RSS {soak['start_rss_mib']:.0f} -> {soak['end_rss_mib']:.0f} MiB (max {soak['max_rss_mib']:.0f}); "
+          f"flat: {soak['flat']}", flush=True)
+    return soak
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="load,soak,sigterm,disconnect")
+    parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
-    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per round")
-    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds at the start of each round")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--soak-seconds", type=float, default=300.0)
-    parser.add_argument("--soak-sample", type=float, default=5.0)
+    # A smoke run's rounds: 0.5 s of warm-up, 1 s measured, one repeat; a soak of 3 s sampled every second.
+    parser.add_argument("--duration", type=float, default=smoke_size(20.0, 1.0), help="measured seconds per round")
+    parser.add_argument("--warmup", type=float, default=smoke_size(3.0, 0.5),
+                        help="unmeasured seconds at the start of each round")
+    parser.add_argument("--repeats", type=int, default=smoke_size(3, 1))
+    parser.add_argument("--soak-seconds", type=float, default=smoke_size(300.0, 3.0))
+    parser.add_argument("--soak-sample", type=float, default=smoke_size(5.0, 1.0))
     parser.add_argument("--servers", default=",".join(SERVERS))
     parser.add_argument("--quick", action="store_true", help="a trial with tiny rounds; prints, writes nothing")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.warmup, args.repeats, args.soak_seconds, args.soak_sample = 3.0, 1.0, 1, 20.0, 2.0
-    parts = args.parts.split(",")
-    unknown = set(parts) - {"load", "soak", "sigterm", "disconnect"}
+    unknown = set(args.parts.split(",")) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    parts = args.parts.split(",")
     texts = require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()
     requests = request_list(texts)
     model = model_dir()
-    logs = CACHE / "serve_load"  # the servers' output (ignored by git)
+    logs = smoke_training.cache_dir("serve_load")  # the servers' output (ignored by git)
     started = time.perf_counter()
     result: dict[str, Any] = {"threads": THREADS, "model": "all-MiniLM-L6-v2", "dtype": "fp32",
                               "infinity": {"version": INFINITY_VERSION}}
-    previous = RESULTS / "serve_load.json"
-    if previous.is_file() and not args.quick:  # parts not rerun keep their last results
-        old = json.loads(previous.read_text(encoding="utf-8"))
-        result.update({k: old[k] for k in ("load", "goal", "soak", "sigterm", "disconnect", "infinity")
-                       if k in old and k not in parts and not (k == "goal" and "load" in parts)
-                       and not (k == "infinity" and "load" in parts)})
+    if not args.quick:  # parts not rerun keep their last results, each with its own provenance
+        result.update(kept_parts(RESULTS / "serve_load.json", parts))
     if "load" in parts:
-        print(f"load: clients {args.clients}, {args.repeats} rounds each of {args.warmup:g} + {args.duration:g} s")
-        servers: dict[str, Server] = {}
-        try:
-            for name in args.servers.split(","):
-                try:
-                    servers[name] = start(name, model, logs)
-                except RuntimeError as exc:
-                    if name != "Infinity":
-                        raise
-                    result["infinity"]["error"] = str(exc)
-                    print(f"  Infinity could not start: {exc}", flush=True)
-            load = run_load(servers, requests, tuple(args.clients), args.repeats, args.warmup, args.duration)
-        finally:
-            for server in servers.values():
-                server.stop()
-        png = (logs if args.quick else RESULTS) / "serve_load.png"  # a trial's plots stay out of the results
-        plot_load(load["rows"], png)
-        load.update({"repeats": args.repeats, "warmup": args.warmup, "duration": args.duration,
-                     "check_texts": len(requests[0]) + len(requests[1]) + 1, "plot": f"bench/results/{png.name}"})
-        result["load"] = load
-        result["goal"] = goal(load["rows"])
-        print(f"  goal at 64 clients: {result['goal']}", flush=True)
+        result.update(load_part(args, model, logs, requests, result["infinity"]))
         checkpoint(logs, result)
     if "soak" in parts:
-        print(f"soak: {args.soak_seconds:g} s at 8 clients")
-        soak = run_soak(model, logs, requests, args.soak_seconds, args.soak_sample)
-        png = (logs if args.quick else RESULTS) / "serve_load_soak.png"
-        plot_soak(soak, png)
-        soak["plot"] = f"bench/results/{png.name}"
-        result["soak"] = soak
-        print(f"  RSS {soak['start_rss_mib']:.0f} -> {soak['end_rss_mib']:.0f} MiB (max {soak['max_rss_mib']:.0f}); "
-              f"flat: {soak['flat']}", flush=True)
+        result["soak"] = soak_part(args, model, logs, requests)
         checkpoint(logs, result)
     if "sigterm" in parts:
-        print("sigterm: 64 clients, SIGTERM under load")
-        result["sigterm"] = run_sigterm(model, logs, requests)
+        print(f"sigterm: {SIGTERM_CLIENTS} clients, SIGTERM under load")
+        result["sigterm"] = {**run_sigterm(model, logs, requests, SIGTERM_CLIENTS, SIGTERM_AFTER),
+                             "provenance": provenance()}
         print(f"  {json.dumps(result['sigterm'])}", flush=True)
         checkpoint(logs, result)
     if "disconnect" in parts:
-        print("disconnect: 32 steady clients alone, beside 8 that hang up, and beside 8 that wait")
-        result["disconnect"] = run_disconnect(model, logs, requests, args.warmup, args.duration, 2)
+        steady, extra = smoke_size(32, 4), smoke_size(8, 2)
+        print(f"disconnect: {steady} steady clients alone, beside {extra} that hang up, and beside {extra} that wait")
+        result["disconnect"] = {**run_disconnect(model, logs, requests, args.warmup, args.duration,
+                                                 smoke_size(2, 1), steady, extra), "provenance": provenance()}
     result["wall_minutes"] = (time.perf_counter() - started) / 60
     result["command"] = " ".join(["python bench/serve_load.py", *sys.argv[1:]])
     if args.quick:

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from common import CACHE, RESULTS, sst2_classifier, sst2_heldout, sst2_rows, write_result
+import smoke_training
+from common import RESULTS, smoke_size, sst2_heldout, sst2_rows, write_result
 
 REPRESENTATIONS = ("cls", "pooled", "mean", "logits", "probabilities", "embedding")
 FPR = 0.05
@@ -74,7 +75,7 @@ def attack_records(classifier, texts: list[str], labels: list[str], method: str,
     """Attack results (cached in bench/.cache/shift: the detection part can be re-run without re-attacking)."""
     from encoderkit.security.attacks import WordAttack
 
-    cache = CACHE / "shift" / f"attack-{key}-{method}-{budget}.json"
+    cache = smoke_training.cache_dir("shift") / f"attack-{key}-{method}-{budget}.json"
     if cache.is_file():
         saved = json.loads(cache.read_text())
         return saved["result"], saved["seconds"]
@@ -157,23 +158,55 @@ def main() -> None:
 
     from encoderkit.precision import cpu_has_native_bf16
     from encoderkit.security.attacks import WordSequence
-    from encoderkit.security.shift import EmbeddingShiftDetector
     from encoderkit.tasks.classify import Classifier
-    from encoderkit.tasks.embed import Embedder
 
+    # A smoke run: smoke_training's classifier, 24 texts attacked, 32 reference texts.
     dtype = "bf16" if cpu_has_native_bf16() else "fp32"
-    classifier = Classifier.from_pretrained(sst2_classifier(), dtype=dtype)
+    classifier = Classifier.from_pretrained(smoke_training.sst2_classifier(), dtype=dtype)
     rng = random.Random(0)
     rows = [(t, l) for t, l in sst2_heldout(4000) if 8 <= len(WordSequence.from_text(t)) <= 40]
     rng.shuffle(rows)
-    rows = rows[:args.texts]
+    rows = rows[:smoke_size(args.texts, 24)]
     texts, labels = [t for t, _ in rows], [l for _, l in rows]
+    print(f"{len(texts)} held-out SST-2 texts, {dtype}; attacking (substitution, budget {args.budget}) ...")
+    attacks, substitution, insertion = run_attacks(classifier, texts, labels, args.budget)
+
+    # Pairs: every text unmodified, with a typo, with a case change; the successful adversarial examples.
+    half = len(texts) // 2
+    won = [r for r in substitution["records"] if r["success"]]
+    adversarial_index = np.asarray([r["index"] for r in won])
+    split = {"calibration": np.arange(half), "evaluation": np.arange(half, len(texts)),
+             "adversarial_calibration": np.flatnonzero(adversarial_index < half),
+             "adversarial_evaluation": np.flatnonzero(adversarial_index >= half)}
+    inserted = [r for r in insertion["records"] if r["success"]]
+    reference = [t for t, _ in sst2_rows()[:smoke_size(2000, 32)]]
+    pair, single, per_representation, embedder = detect(classifier, dtype, texts, won, inserted, split, reference)
+
+    # The representation is chosen on the calibration half (AUROC there), never on the reported half.
+    chosen = max(REPRESENTATIONS, key=lambda r: pair[r]["auroc_calibration_half"])
+    chosen_single = max(REPRESENTATIONS, key=lambda r: single[r]["auroc_calibration_half"])
+    plot(per_representation[chosen], split, pair[chosen]["threshold"], chosen, RESULTS / "shift" / "shift_scores.png")
+    attribution = attribute(classifier, embedder, [won[j] for j in split["adversarial_evaluation"]], chosen)
+    print(f"chosen representation (calibration half): {chosen}; evaluation-half AUROC {pair[chosen]['auroc']:.4f}")
+
+    write_result("shift", {
+        "texts": len(texts), "calibration_texts": half, "evaluation_texts": len(texts) - half, "dtype": dtype,
+        "query_budget": args.budget, "max_perturbed_rate": 0.25, "neighbours": 20, "target_fpr": FPR,
+        "adversarial_pairs": {"calibration": int(len(split["adversarial_calibration"])),
+                              "evaluation": int(len(split["adversarial_evaluation"])),
+                              "insertion_evaluation": len(inserted)},
+        "attacks": attacks, "pair": pair, "single": single, "chosen": chosen, "chosen_single": chosen_single,
+        "attribution": attribution, "reference_texts": len(reference), "goal_auroc": 0.85,
+        "goal": {"auroc_at_least": 0.85, "auroc": pair[chosen]["auroc"], "met": pair[chosen]["auroc"] >= 0.85},
+    })
+
+
+def run_attacks(classifier, texts: list[str], labels: list[str], budget: int) -> tuple[dict, dict, dict]:
+    """Substitution on every text, insertion on the evaluation half: their summaries and their records."""
     half = len(texts) // 2
     key = f"{len(texts)}"
-    print(f"{len(texts)} held-out SST-2 texts, {dtype}; attacking (substitution, budget {args.budget}) ...")
-
-    substitution, sub_seconds = attack_records(classifier, texts, labels, "substitute", args.budget, key)
-    insertion, ins_seconds = attack_records(classifier, texts[half:], labels[half:], "insert", args.budget,
+    substitution, sub_seconds = attack_records(classifier, texts, labels, "substitute", budget, key)
+    insertion, ins_seconds = attack_records(classifier, texts[half:], labels[half:], "insert", budget,
                                             key + "-evaluation")
     attacks = {"substitute": attack_summary(substitution, sub_seconds),
                "insert (evaluation half)": attack_summary(insertion, ins_seconds)}
@@ -181,21 +214,23 @@ def main() -> None:
         print(f"  {name}: success {summary['success_rate']:.3f} ({summary['successes']}/{summary['attacked']}), "
               f"perturbed-word rate {summary['mean_perturbed_rate']:.3f}, mean queries {summary['mean_queries']:.1f}, "
               f"{summary['seconds']:.0f} s")
+    return attacks, substitution, insertion
 
-    # Pairs: every text unmodified, with a typo, with a case change; the successful adversarial examples.
+
+def detect(classifier, dtype: str, texts: list[str], won: list[dict], inserted: list[dict],
+           split: dict[str, np.ndarray], reference: list[str]) -> tuple[dict, dict, dict, Any]:
+    """Pair and single-text shift scores of every representation, evaluated: (pair metrics, single-text metrics,
+    the pair scores per representation, the embedder)."""
+    from encoderkit.reports import roc_auc
+    from encoderkit.security.shift import EmbeddingShiftDetector
+    from encoderkit.tasks.embed import Embedder
+
     edit_rng = random.Random(1)
     typos = [typo_edit(t, edit_rng) for t in texts]
     cases = [case_edit(t, edit_rng) for t in texts]
-    won = [r for r in substitution["records"] if r["success"]]
-    adversarial_index = np.asarray([r["index"] for r in won])
+    adversarial_index = [r["index"] for r in won]
     adversarial = [r["adversarial"] for r in won]
-    split = {"calibration": np.arange(half), "evaluation": np.arange(half, len(texts)),
-             "adversarial_calibration": np.flatnonzero(adversarial_index < half),
-             "adversarial_evaluation": np.flatnonzero(adversarial_index >= half)}
-    inserted = [r for r in insertion["records"] if r["success"]]
-
     embedder = Embedder.from_pretrained(dtype=dtype)
-    reference = [t for t, _ in sst2_rows()[:2000]]
     pair, single, per_representation = {}, {}, {}
     for representation in REPRESENTATIONS:
         detector = EmbeddingShiftDetector(classifier, representation=representation, embedder=embedder)
@@ -207,8 +242,6 @@ def main() -> None:
         scores = {"unmodified": shifts[:n], "typo": shifts[n:2 * n], "case": shifts[2 * n:3 * n],
                   "adversarial": shifts[3 * n:3 * n + a]}
         pair[representation] = evaluate(scores, split)
-        from encoderkit.reports import roc_auc
-
         insert_scores = shifts[3 * n + a:]
         pair[representation]["auroc_insertion"] = (
             roc_auc(insert_scores, np.concatenate([scores[k][split["evaluation"]] for k in ("unmodified", "typo", "case")]))
@@ -224,14 +257,14 @@ def main() -> None:
               f"(vs typos {pair[representation]['auroc_vs_typo']:.4f}, FPR {pair[representation]['fpr']:.3f}, "
               f"TPR {pair[representation]['tpr']:.3f}); single-text AUROC {single[representation]['auroc']:.4f} "
               f"[{time.perf_counter() - start:.0f} s]")
+    return pair, single, per_representation, embedder
 
-    # The representation is chosen on the calibration half (AUROC there), never on the reported half.
-    chosen = max(REPRESENTATIONS, key=lambda r: pair[r]["auroc_calibration_half"])
-    chosen_single = max(REPRESENTATIONS, key=lambda r: single[r]["auroc_calibration_half"])
-    plot(per_representation[chosen], split, pair[chosen]["threshold"], chosen, RESULTS / "shift" / "shift_scores.png")
 
-    # Leave-one-out attribution on the evaluation half's adversarial pairs: is the top word a perturbed one?
-    evaluation_pairs = [won[j] for j in split["adversarial_evaluation"]]
+def attribute(classifier, embedder, evaluation_pairs: list[dict], chosen: str) -> dict[str, Any]:
+    """Leave-one-out attribution on the evaluation half's adversarial pairs: is the top word a perturbed one?"""
+    from encoderkit.security.attacks import WordSequence
+    from encoderkit.security.shift import EmbeddingShiftDetector
+
     attribution: dict[str, Any] = {
         "pairs": len(evaluation_pairs),
         # A word drawn at random is a perturbed one this often: the baseline the top-1 rate should beat.
@@ -254,17 +287,7 @@ def main() -> None:
         attribution["top1_is_perturbed"][representation] = float(np.mean(hits))
         print(f"  {representation:>13}: top-1 attribution is a perturbed word in {np.mean(hits):.3f} of {len(hits)} "
               f"adversarial pairs (random word: {attribution['random_word_baseline']:.3f})")
-    print(f"chosen representation (calibration half): {chosen}; evaluation-half AUROC {pair[chosen]['auroc']:.4f}")
-
-    write_result("shift", {
-        "texts": len(texts), "calibration_texts": half, "evaluation_texts": len(texts) - half, "dtype": dtype,
-        "query_budget": args.budget, "max_perturbed_rate": 0.25, "neighbours": 20, "target_fpr": FPR,
-        "adversarial_pairs": {"calibration": int(len(split["adversarial_calibration"])),
-                              "evaluation": int(len(split["adversarial_evaluation"])),
-                              "insertion_evaluation": len(inserted)},
-        "attacks": attacks, "pair": pair, "single": single, "chosen": chosen, "chosen_single": chosen_single,
-        "attribution": attribution, "reference_texts": len(reference), "goal_auroc": 0.85,
-    })
+    return attribution
 
 
 def render(result: dict[str, Any]) -> list[str]:
