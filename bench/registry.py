@@ -2,7 +2,7 @@
 
 Every script in bench/ is either a benchmark here, with its kind (which group of BENCHMARKS.md it lands in), what it
 needs, and the ``benchmark`` names its results carry, or a helper named in ``NOT_BENCHMARKS`` with the reason: a new
-script that is neither fails tests/test_bench_suite.py. The module imports neither torch nor the scripts, so that
+script that is neither fails tests/project/test_bench_suite.py. The module imports neither torch nor the scripts, so that
 listing is instant and report.py and the runner share one validator (``result_problems``).
 """
 from __future__ import annotations

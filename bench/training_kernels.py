@@ -1,6 +1,6 @@
 """encoderkit's native training kernels against the PyTorch ops they replace (issue 22, point 7).
 
-The kernels (tests/test_training_kernels.py tests their numbers): one group's attention as one autograd function
+The kernels (tests/modeling/test_training_kernels.py tests their numbers): one group's attention as one autograd function
 (modeling.attention's ``_TrainingAttention``: the scale, the padding mask, softmax and the dropout of the probabilities
 in one native pass each way, around the products) and a post-norm layer's LayerNorm(residual + dropout(y))
 (modeling.dropout's ``add_norm``). What they replace: the same steps as PyTorch ops, the dropout masks drawn by

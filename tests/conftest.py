@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+# The tests live in folders that mirror src/encoderkit (tests/README.md) and import each other by module name, as
+# pytest imports them (``from test_engine import FAMILY_CONFIGS``): every folder of tests is on sys.path, whichever
+# tests run, so a test module's name must be unique across the folders.
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 def shared_file(*parts: str) -> Path:

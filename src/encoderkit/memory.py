@@ -7,7 +7,7 @@ its heap; memory taken again from the system is faulted in page by page, and eac
 - Training (``keep_freed_memory``): a step allocates and frees the same activations and gradients as the step
   before, some of them larger than any threshold (all-MiniLM-L6-v2's word-embedding gradient: 45 MiB). So every
   block stays in the heap once freed, ready for the next step: a fine-tuning step then takes a tenth of the page
-  faults it takes with glibc's defaults (tests/test_memory.py counts them). The heap then holds the step's peak
+  faults it takes with glibc's defaults (tests/core/test_memory.py counts them). The heap then holds the step's peak
   (what the peak RSS was anyway) until the process ends.
 - Serving (``return_large_blocks``, ``encoderkit serve --steady-memory``): the opposite, so that resident memory
   stays flat while batches of every size come and go, at a cost in speed (see there).

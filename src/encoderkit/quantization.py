@@ -12,7 +12,7 @@ The thresholds (``MEAN_COSINE_MIN``, ``WORST_COSINE_MIN``) come from measurement
 which loses 0.08 STS-B dev Spearman points (0.13 without smoothing), is at mean cosine 0.9976, worst 0.973 on
 these texts (0.993 / 0.967 without smoothing), and at mean 0.987, worst 0.961 on 500 benchmark sentences;
 CTranslate2's int8 is at mean 0.997, worst 0.988 there. A model under a mean of 0.98 or with a text under 0.94
-has lost several times what a healthy quantisation loses (the outlier model of tests/test_int8.py: far below).
+has lost several times what a healthy quantisation loses (the outlier model of tests/core/test_int8.py: far below).
 """
 from __future__ import annotations
 

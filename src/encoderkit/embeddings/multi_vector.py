@@ -25,7 +25,7 @@ attended run as one padded grid with those keys masked). ``MultiVectorModel`` is
 ``losses.MaxSimMultipleNegativesRankingLoss``. Both read and write PyLate's directory: a sentence-transformers
 directory with a Transformer and a ``pylate.models.Dense.Dense`` projection (``1_Dense/``), whose
 config_sentence_transformers.json holds the settings above. sentence-transformers 6's ``MultiVectorEncoder``
-reads it too (tests/test_multi_vector.py compares the two; bench/pylate_parity.py compares with PyLate).
+reads it too (tests/embeddings/test_multi_vector.py compares the two; bench/pylate_parity.py compares with PyLate).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ index stays an inverted one.
 batches) and the MLM head's vocabulary projection in chunks of tokens, so that a batch's (tokens x vocabulary)
 logits never exist at once. ``SparseModel`` is the trainable counterpart, for ``SpladeLoss``. Both read and write
 sentence-transformers' SparseEncoder directory (MLMTransformer + SpladePooling) and equal ``SparseEncoder.encode``
-(tests/test_sparse.py).
+(tests/embeddings/test_sparse.py).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ magnitude is the term weights). FLOPS approximates the expected number of multip
 the square of each term's mean activation, summed over the vocabulary, so a term active in many texts costs more
 than a rare one. ``threshold`` (sentence-transformers' ``*_regularizer_threshold``) regularises only the vectors
 with more than that many non-zero terms. This equals sentence-transformers' ``SpladeLoss`` around
-``SparseMultipleNegativesRankingLoss`` (tests/test_sparse.py). In a distributed run the ranking term gathers the
+``SparseMultipleNegativesRankingLoss`` (tests/embeddings/test_sparse.py). In a distributed run the ranking term gathers the
 candidates of every process (as ``MultipleNegativesRankingLoss`` does) and FLOPS is each process's own batch, as in
 sentence-transformers.
 """

@@ -12,7 +12,7 @@ import encoderkit
 from encoderkit.cli import cli
 from encoderkit.families import FAMILIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def named(text: str) -> set[str]:

@@ -34,7 +34,7 @@ from helpers import TOKENIZER_FILES, tiny_bert_dir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TROPHY = "The trophy did not fit in the suitcase because it was too big."
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.fixture(scope="module")

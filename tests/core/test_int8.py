@@ -21,7 +21,7 @@ from test_engine import FAMILY_CONFIGS, padded, random_model, random_sequences
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest
 
-# fp32 STS-B dev Spearman of all-MiniLM-L6-v2 (equal to sentence-transformers' evaluator: test_sts.py)
+# fp32 STS-B dev Spearman of all-MiniLM-L6-v2 (equal to sentence-transformers' evaluator: tests/tasks/test_sts.py)
 FP32_STS_SPEARMAN = 0.867163
 
 

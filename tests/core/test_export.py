@@ -20,7 +20,7 @@ from helpers import TOKENIZER_FILES
 
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install 'encoderkit[onnx]'")
 transformers = pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).parent / "parity"))  # the parity tests' model configs, as they import them
+sys.path.insert(0, str(Path(__file__).parents[1] / "parity"))  # the parity tests' model configs, as they import them
 from test_families import CONFIGS, TASKS, WITHOUT_QA, perturb  # noqa: E402
 from test_families import build_reference as classic_reference  # noqa: E402
 from test_modern_families import build_reference as modern_reference  # noqa: E402

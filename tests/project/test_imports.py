@@ -7,7 +7,7 @@ import ast
 import functools
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 @functools.cache

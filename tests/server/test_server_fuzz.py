@@ -47,7 +47,7 @@ ROUTES = {
 }
 PATHS = list(ROUTES)
 # ~50 examples per route and strategy, the same ones every run, keep the module under a minute. For a longer, random
-# search: ENCODERKIT_FUZZ_EXAMPLES=2000 pytest tests/test_server_fuzz.py
+# search: ENCODERKIT_FUZZ_EXAMPLES=2000 pytest tests/server/test_server_fuzz.py
 EXAMPLES = int(os.environ.get("ENCODERKIT_FUZZ_EXAMPLES", "0")) or None
 FUZZ = settings(max_examples=EXAMPLES or 50, deadline=None, derandomize=EXAMPLES is None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])

@@ -3,7 +3,7 @@ jina-embeddings-v3), each against an independent reference: tiny random transfor
 with the MiniLM tokenizer go through embed, index + search, eval-sts, finetune (classify, NER, QA where
 transformers has the head), MLM pre-training, train-embedder, train-reranker, the server, int8 and attention
 maps; what encoderkit writes is loaded back by transformers or sentence-transformers with the same outputs.
-The README's family table names these tests (ONNX export: tests/test_export.py; parity of every head:
+The README's family table names these tests (ONNX export: tests/core/test_export.py; parity of every head:
 tests/parity/test_new_families.py). Marked ``families``: `make test-families` runs them (CI does, after the default
 suite)."""
 from __future__ import annotations

@@ -217,7 +217,7 @@ def test_for_inference_fuses_gelu_and_residual_adds() -> None:
     with torch.no_grad():
         plain = model(input_ids, mask, type_ids).last_hidden_state[0]
     engine = engine_for(model, "fp32")
-    native.disable(model)  # the PyTorch layers' kernels (the native one, which takes 40 tokens: tests/test_native.py)
+    native.disable(model)  # the PyTorch layers' kernels (the native one, which takes 40 tokens: tests/native/test_native.py)
     with torch.profiler.profile() as profiler:
         ((_, hidden, _),) = list(engine.run(ids, types))
     names = [event.name for event in profiler.events()]
@@ -247,7 +247,7 @@ def test_products_of_few_rows_run_on_mkl_where_it_is_the_faster_kernel(monkeypat
     with torch.no_grad():
         plain = model(input_ids, mask, type_ids).last_hidden_state[0]
     engine = engine_for(model, "fp32")
-    native.disable(model)  # the PyTorch layers' kernels (the native one, which takes 9 tokens: tests/test_native.py)
+    native.disable(model)  # the PyTorch layers' kernels (the native one, which takes 9 tokens: tests/native/test_native.py)
     list(engine.run(ids, types))  # the packs are made at the first call, and MKL's own check runs once: unprofiled
     with torch.profiler.profile() as profiler:
         ((_, hidden, _),) = list(engine.run(ids, types))

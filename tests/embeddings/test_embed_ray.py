@@ -27,7 +27,7 @@ from helpers import tiny_bert_dir
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # One worker runs this module under pytest-xdist: its local clusters would share the machine's Ray ports otherwise.
 pytestmark = pytest.mark.xdist_group("ray")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 MODEL = Path(os.environ.get("ENCODERKIT_MPNET_DIR") or
              Path(os.environ.get("ENCODERKIT_CACHE") or Path.home() / ".cache" / "encoderkit") / "models" /
              "all-mpnet-base-v2")

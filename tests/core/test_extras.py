@@ -77,7 +77,7 @@ def test_installed_extras_pass_and_every_extra_is_in_pyproject() -> None:
     import tomllib
     from pathlib import Path
 
-    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert set(EXTRAS) <= set(declared)
     for extra in EXTRAS:  # the test install has every extra
