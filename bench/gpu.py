@@ -20,7 +20,8 @@ path computes, and what it costs there. Four parts, each written to the JSON as 
 
 ``--model``: the all-MiniLM-L6-v2 directory (default: the installed default model); one whose weights are fp16 (to
 carry it to a GPU machine in half the bytes) is widened to fp32 first, so every contender reads the same weights.
-``--device cpu`` runs the same code with the CPU in the GPU's place (a check of this script, nothing more).
+``--device cpu`` runs the same code with the CPU in the GPU's place (a check of this script, nothing more); so does a
+smoke run on a machine without CUDA, on a few texts, cases and steps.
 Writes bench/results/gpu.json.
 """
 from __future__ import annotations
@@ -38,10 +39,11 @@ import numpy as np
 import torch
 
 import common
-from common import RESULTS, ROOT, machine, median, timed, widened
+import smoke
+from common import RESULTS, ROOT, SMOKE, machine, median, smoke_size, timed, widened
 from turns import TrainerPlayer
 
-ROUNDS = 3
+ROUNDS = smoke_size(3, 1)
 
 
 def synchronize(device: torch.device) -> None:
@@ -91,7 +93,7 @@ def parity(device: torch.device, work: Path) -> dict[str, Any]:
 
     rows = []
     for module, cases in ((classic, classic.CASES), (modern, modern.CASES)):
-        for variant, task in cases:
+        for variant, task in cases[::smoke_size(1, 6)]:  # a smoke run: every 6th case
             config, reference = module.build_reference(variant, task)
             directory = work / "parity" / f"{variant}-{task}"
             reference.save_pretrained(directory)
@@ -137,7 +139,7 @@ def embed(device: torch.device, model: Path, shared: Path, limit: int | None) ->
 
     texts = sentences(shared, limit)
     sts = shared / "data" / "stsb" / "sts-dev.csv"
-    first, second, gold = sts_dev(sts) if sts.exists() else (None, None, None)
+    first, second, gold = (smoke.few(part, 8) for part in sts_dev(sts)) if sts.exists() else (None, None, None)
     reference = Embedder.from_pretrained(model, device="cpu").encode(texts)
     contenders: dict[str, Callable[[list[str]], np.ndarray]] = {}
     for dtype in ("fp32", "bf16"):
@@ -172,10 +174,10 @@ def embed(device: torch.device, model: Path, shared: Path, limit: int | None) ->
 def budget(device: torch.device, model: Path, shared: Path, limit: int | None) -> dict[str, Any]:
     from encoderkit import Embedder
 
-    texts = sentences(shared, limit) * 5
+    texts = sentences(shared, limit) * smoke_size(5, 1)
     rows = []
     for dtype in ("fp32", "bf16"):
-        for tokens in (2048, 4096, 8192, 16384, 32768, 65536):
+        for tokens in smoke.few([2048, 4096, 8192, 16384, 32768, 65536], 2):
             embedder = Embedder.from_pretrained(model, dtype=dtype, device=device, token_budget=tokens)
             embedder.encode(texts[:512])
             times = [timed(lambda: embedder.encode(texts))[0] for _ in range(ROUNDS)]
@@ -301,14 +303,15 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=common.SHARED)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--parts", default="parity,embed,budget,train")
-    parser.add_argument("--train-examples", type=int, default=8000)
-    parser.add_argument("--parity-steps", type=int, default=10)
-    parser.add_argument("--texts", type=int, default=None, help="the first N sentences only (a quick check)")
+    parser.add_argument("--train-examples", type=int, default=smoke_size(8000, 64))
+    parser.add_argument("--parity-steps", type=int, default=smoke_size(10, 2))
+    parser.add_argument("--texts", type=int, default=16 if SMOKE else None,
+                        help="the first N sentences only (a quick check)")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu.json")
     args = parser.parse_args()
     from encoderkit import default_model_path
 
-    device = torch.device(args.device)
+    device = torch.device(smoke.device(args.device))
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products in fp32, as on the CPU
     torch.backends.cudnn.allow_tf32 = False
     result: dict[str, Any] = {"benchmark": "gpu", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -370,13 +373,15 @@ def render(r: dict[str, Any]) -> list[str]:
     """BENCHMARKS.md's section (bench/report.py)."""
     from report import _table
 
-    facts = (f"{r['gpu']} ({r['gpu_memory_gib']} GiB, CUDA {r['cuda']}, bf16 {'yes' if r['bf16'] else 'no'}), torch "
-             f"{r['machine']['torch']}, transformers {r['transformers']}, sentence-transformers "
+    gpu = r.get("gpu") or "no GPU: the CPU in its place (a check of the script)"
+    if r.get("gpu"):
+        gpu += f" ({r['gpu_memory_gib']} GiB, CUDA {r['cuda']}, bf16 {'yes' if r['bf16'] else 'no'})"
+    facts = (f"{gpu}, torch {r['machine']['torch']}, transformers {r['transformers']}, sentence-transformers "
              f"{r['sentence_transformers']}; host CPU {r['machine']['cpu']}, {r['machine']['cores']} cores")
     complete = all(part in r for part in ("parity", "train", "embed", "budget", "with_cudnn_attention"))
     title = "## On a GPU: the CUDA path against the CPU path and the peers (bench/gpu.py)"
     if not complete:  # a check of some parts (a later run on another GPU)
-        title += f": {', '.join(p for p in ('parity', 'embed', 'budget', 'train') if p in r)}, {r['gpu']}"
+        title += f": {', '.join(p for p in ('parity', 'embed', 'budget', 'train') if p in r)}, {r.get('gpu') or 'CPU'}"
     lines = [title, "",
              f"_{r['date']}: {facts}. Command: `{r.get('command', 'python bench/gpu.py (options not recorded)')}` "
              "(the model: all-MiniLM-L6-v2 carried to the GPU "
