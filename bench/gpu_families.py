@@ -11,13 +11,15 @@ Two steps, because the GPU machine's transformers may predate these families' cl
 ``check`` loads each checkpoint with encoderkit and compares the GPU's outputs (unpadded and padded explicit paths,
 fp32) with the CPU's on a padded batch of mixed lengths; the CPU path equals transformers' to 1e-5 in the test
 suite, so a GPU within 1e-5 of the CPU is within 2e-5 of transformers. SparseEmbedder and MultiVectorEmbedder are
-compared the same way (vectors, CPU against GPU). Writes bench/results/gpu_families.json.
+compared the same way (vectors, CPU against GPU). Writes bench/results/gpu_families.json. A smoke run without a step
+takes both in a temporary folder, the CPU in the GPU's place where CUDA is absent (a check of the script).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ TEXTS = ["The cat sat on the mat.", "Sparse retrieval expands queries with relat
 
 
 def _tests_on_path() -> None:
-    for folder in ("tests", "tests/parity"):
+    for folder in ("tests", "tests/parity", "tests/embeddings"):  # helpers, the parity cases, test_sparse
         if str(ROOT / folder) not in sys.path:
             sys.path.insert(0, str(ROOT / folder))
 
@@ -153,18 +155,25 @@ def render(r: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import smoke
+    from common import SMOKE, write_result
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=("prepare", "check"))
-    parser.add_argument("directory", type=Path)
+    both = "?" if SMOKE else None  # a smoke run without a step takes both, in a temporary folder
+    parser.add_argument("step", choices=("prepare", "check"), nargs=both)
+    parser.add_argument("directory", type=Path, nargs=both)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.directory)
         return
-    result = check(args.directory, args.device)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import write_result
-
+    if args.step is None:
+        with tempfile.TemporaryDirectory(prefix="gpu-families-") as scratch:
+            prepare(Path(scratch))
+            result = check(Path(scratch), smoke.device(args.device))
+    else:
+        result = check(args.directory, args.device)
     write_result("gpu_families", result)
 
 
