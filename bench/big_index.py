@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from common import CACHE, ROOT, SMOKE, smoke_size, write_result
-from smoke import skip
+from smoke_training import skip
 
 NPROBES = (8, 16, 32, 64, 128)
 

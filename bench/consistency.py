@@ -13,7 +13,7 @@ import argparse
 import time
 
 from common import RESULTS, smoke_size, sst2_heldout, write_result
-from smoke import sst2_classifier
+from smoke_training import sst2_classifier
 
 
 def main() -> None:

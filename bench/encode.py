@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from common import SHARED, SMOKE, median, require, smoke_size, timed, write_result
-from smoke import few, matmul_peak, skip
+from smoke import few, matmul_peak
+from smoke_training import skip
 
 
 def load_sentences() -> list[str]:

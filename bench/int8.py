@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from common import SHARED, SMOKE, median, require, smoke_size, timed, write_result
-from smoke import few, skip
+from smoke import few
+from smoke_training import skip
 
 
 def ct2_contender(model_dir: Path, tokenizer, out_dir: Path):
