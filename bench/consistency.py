@@ -63,8 +63,7 @@ def main() -> None:
     for row in per_edit:
         print(f"{row['edit']:<12} {row['texts']:>6} {row['same_tokens']:>8} "
               f"{_number(row['consistency_rate'], '%'):>11} {_number(row['mean_probability_shift']):>10} "
-              f"{row['accuracy_original']:>8.4f} "
-              f"{row['accuracy_edited']:>8.4f}")
+              f"{row['accuracy_original']:>8.4f} {row['accuracy_edited']:>8.4f}")
     write_result("consistency", {
         "model": "sst2-classifier: all-MiniLM-L6-v2 fine-tuned on the 20k SST-2 subset (bench/common.py)",
         "texts": len(texts), "data": "sst2_heldout (SST-2 train rows outside the training subset)",
