@@ -87,8 +87,9 @@ ENTRIES = (
     Entry("big_index", "retrieval", "IVF-PQ, int8 and binary indexes built from Parquet shards"),
     Entry("sparse_index", "retrieval", "The sparse inverted index at 1M SPLADE-like documents", needs=()),
     Entry("retrieval_kinds", "retrieval", "Every retrieval kind on held-out SQuAD: BM25, dense, SPLADE, ColBERT",
-          needs=("shared", "pylate"), modules=("datasets",)),
-    Entry("pylate_parity", "retrieval", "encoderkit's ColBERT side against PyLate itself", needs=("pylate",)),
+          needs=("shared", "pylate"), modules=("datasets",), smoke_needs=("shared",)),  # smoke: PyLate skipped
+    Entry("pylate_parity", "retrieval", "encoderkit's ColBERT side against PyLate itself", needs=("pylate",),
+          smoke_needs=()),  # smoke: encoderkit's side only
     Entry("attention_heads", "evaluation", "Attention heads of all-MiniLM-L6-v2; heads that find antecedents"),
     Entry("backdoor", "evaluation", "Backdoor trigger scanning on fine-tuned SST-2 models"),
     Entry("consistency", "evaluation", "The SST-2 classifier under meaning-preserving edits"),
