@@ -116,6 +116,33 @@ def sts_spearman(encode) -> float:
     return spearman(np.array([p.score for p in pairs]), (a * b).sum(1))
 
 
+def add_compiled(contenders: dict, model_dir, sentences: list[str]) -> float | str | None:
+    """Add the torch.compile contender to ``contenders``: the seconds of its first pass (which compiles), or why it
+    failed (reported, not hidden). A smoke run leaves it out: compiling costs the same at any input size."""
+    if SMOKE:
+        skip("the torch.compile contender", "compiling costs the same at any input size: too long for a smoke run")
+        return None
+    try:
+        run = encoderkit_compiled(model_dir, sentences)
+        compile_seconds, _ = timed(run)  # the first pass compiles
+        contenders["encoderkit fp32 torch.compile"] = run
+        return compile_seconds
+    except Exception as exc:  # report, do not hide
+        print(f"torch.compile failed: {type(exc).__name__}: {exc}")
+        return f"failed: {type(exc).__name__}"
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The table of every contender: speed, share of the matmul peak, against sentence-transformers, accuracy."""
+    print(f"\n{'contender':32s} {'texts/s':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'peak%':>6s} {'vs ST':>6s} "
+          f"{'max|diff|':>9s} {'STS rho':>8s}")
+    for row in rows:
+        print(f"{row['contender']:32s} {row['texts_per_second']:8.0f} {row['tokens_per_second']:9.0f} "
+              f"{row['gflops_per_second']:8.1f} {100 * (row['share_of_mm_peak'] or 0):5.0f}% "
+              f"{row['speedup_vs_sentence_transformers']:5.2f}x {row['max_abs_diff_vs_sentence_transformers']:9.1e} "
+              f"{row.get('sts_dev_spearman', float('nan')):8.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=smoke_size(5, 1))
@@ -150,17 +177,7 @@ def main() -> None:
         "encoderkit bf16": lambda: bf16.encode(sentences),
         "encoderkit int8 (dynamic)": lambda: int8.encode(sentences),
     }
-    compile_seconds = None
-    if SMOKE and not args.no_compile:
-        skip("the torch.compile contender", "compiling costs the same at any input size: too long for a smoke run")
-    elif not args.no_compile:
-        try:
-            run = encoderkit_compiled(model_dir, sentences)
-            compile_seconds, _ = timed(run)  # the first pass compiles
-            contenders["encoderkit fp32 torch.compile"] = run
-        except Exception as exc:  # report, do not hide
-            print(f"torch.compile failed: {type(exc).__name__}: {exc}")
-            compile_seconds = f"failed: {type(exc).__name__}"
+    compile_seconds = None if args.no_compile else add_compiled(contenders, model_dir, sentences)
 
     outputs = {name: fn() for name, fn in contenders.items()}  # warm-up, and the vectors compared below
     times: dict[str, list[float]] = {name: [] for name in contenders}
@@ -193,13 +210,7 @@ def main() -> None:
         if name in sts:
             row["sts_dev_spearman"] = sts[name]
         rows.append(row)
-    print(f"\n{'contender':32s} {'texts/s':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'peak%':>6s} {'vs ST':>6s} "
-          f"{'max|diff|':>9s} {'STS rho':>8s}")
-    for row in rows:
-        print(f"{row['contender']:32s} {row['texts_per_second']:8.0f} {row['tokens_per_second']:9.0f} "
-              f"{row['gflops_per_second']:8.1f} {100 * (row['share_of_mm_peak'] or 0):5.0f}% "
-              f"{row['speedup_vs_sentence_transformers']:5.2f}x {row['max_abs_diff_vs_sentence_transformers']:9.1e} "
-              f"{row.get('sts_dev_spearman', float('nan')):8.4f}")
+    print_rows(rows)
     write_result("encode", {
         "texts": len(sentences), "tokens": tokens, "tflop_per_pass": flops / 1e12, "repeats": args.repeats,
         "mm_peak_gflops": peaks, "compile_first_pass_seconds": compile_seconds, "rows": rows,

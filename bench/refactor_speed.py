@@ -176,7 +176,22 @@ def cpu_flags() -> dict[str, bool]:
     return {flag: flag in present for flag in FLAGS}
 
 
-def main() -> None:
+def print_rows(rows: list[dict[str, Any]], latency: bool) -> None:
+    """Per dtype: texts/s before and after, their ratio (the median, and each repeat's), the vectors' largest
+    difference; with ``latency``, the single-text p50s."""
+    print(f"{'dtype':5s} {'before t/s':>10s} {'after t/s':>10s} {'after/before':>12s} {'per repeat':>32s} "
+          f"{'max|diff|':>9s}")
+    for row in rows:
+        print(f"{row['dtype']:5s} {row['before_texts_per_second']:10.0f} {row['after_texts_per_second']:10.0f} "
+              f"{row['median_ratio']:11.3f}x {' '.join(f'{r:.3f}' for r in row['ratios_after_over_before']):>32s} "
+              f"{row['max_abs_diff']:9.1e}")
+        if latency:
+            print(f"      single text p50: before {row['before_single_text_p50_ms']:.2f} ms, after "
+                  f"{row['after_single_text_p50_ms']:.2f} ms")
+
+
+def arguments() -> argparse.Namespace:
+    """The command line (the parent's, or a worker's: ``--worker`` and its hidden options)."""
     from common import smoke_size
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,7 +213,11 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sentences", help=argparse.SUPPRESS)
     parser.add_argument("--vectors", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     if args.worker:
         worker(args)
         return
@@ -265,15 +284,7 @@ def main() -> None:
     flags = cpu_flags()
     print(f"\n{texts} texts, {args.threads} threads; before {revisions['before']}, after {revisions['after']}")
     print("CPU flags: " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in flags.items()))
-    print(f"{'dtype':5s} {'before t/s':>10s} {'after t/s':>10s} {'after/before':>12s} {'per repeat':>32s} "
-          f"{'max|diff|':>9s}")
-    for row in rows:
-        print(f"{row['dtype']:5s} {row['before_texts_per_second']:10.0f} {row['after_texts_per_second']:10.0f} "
-              f"{row['median_ratio']:11.3f}x {' '.join(f'{r:.3f}' for r in row['ratios_after_over_before']):>32s} "
-              f"{row['max_abs_diff']:9.1e}")
-        if args.latency_calls:
-            print(f"      single text p50: before {row['before_single_text_p50_ms']:.2f} ms, after "
-                  f"{row['after_single_text_p50_ms']:.2f} ms")
+    print_rows(rows, bool(args.latency_calls))
     write_result(args.result, {
         "texts": texts, "repeats": args.repeats, "order": "ABBA (before, after, after, before) per repeat and dtype",
         "before": {"revision": revisions["before"], "rev_argument": None if args.before_src else args.before_rev},
