@@ -59,7 +59,7 @@ ENTRIES = (
     Entry("encode", "speed", "Encoding speed: encoderkit against sentence-transformers and transformers"),
     Entry("peers", "speed", "encoderkit against ONNX Runtime, OpenVINO and CTranslate2: throughput and latency",
           modules=BENCH_EXTRA, renders=("peers", "peers_profile")),
-    Entry("int8", "speed", "int8 inference: encoderkit against CTranslate2 int8", modules=("ctranslate2",)),
+    Entry("int8", "speed", "int8 inference: encoderkit against CTranslate2 int8"),  # it skips CTranslate2 itself
     Entry("latency_floor", "speed", "How low PyTorch can go for one short text, taken apart",
           modules=("onnxruntime", "onnx")),
     Entry("native_phases", "speed", "Where the native kernel's time goes for one short text"),
@@ -68,9 +68,9 @@ ENTRIES = (
     Entry("scale_embed", "speed", "Embedding throughput with and without a local Ray cluster"),
     Entry("serve_load", "speed", "encoderkit serve under load against Infinity and FastAPI; soak, SIGTERM, hang-ups"),
     Entry("gpu", "speed", "The CUDA path against the CPU path and against the peers on the same GPU",
-          needs=("cuda",)),
+          needs=("cuda",), smoke_needs=()),  # smoke: the CPU stands in for the GPU, and says so
     Entry("gpu_families", "speed", "The CUDA path against the CPU path for the newer families, SPLADE and ColBERT",
-          needs=("cuda",)),
+          needs=("cuda",), smoke_needs=()),
     Entry("finetune", "training", "Fine-tuning speed and quality against transformers' Trainer"),
     Entry("finetune_small", "training", "Fine-tuning quality at small budgets against the Trainer, seed by seed"),
     Entry("finetune_parity", "training", "A deterministic SQuAD fine-tuning epoch against the Trainer"),
