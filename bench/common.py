@@ -178,7 +178,9 @@ def _code_state() -> tuple[str, bool | str]:
     if sent:
         dirty = os.environ.get("ENCODERKIT_BENCH_DIRTY", "").strip().lower()
         return sent, {"true": True, "1": True, "false": False, "0": False}.get(dirty, "unknown")
-    return _git("rev-parse", "HEAD") or "unknown", bool(_git("status", "--porcelain", "--", "src", "bench"))
+    # results written by earlier runs are not code: a tree that differs only there measures the commit's code
+    return _git("rev-parse", "HEAD") or "unknown", bool(_git("status", "--porcelain", "--", "src", "bench",
+                                                              ":!bench/results"))
 
 
 # Read when the benchmark starts, not when it writes: a run of an hour measures the code it imported then, whatever
