@@ -273,7 +273,9 @@ def infinity_onnx_model(model: Path) -> Path:
     has none) and writes its optimised graph there. Exported once by optimum in Infinity's own environment, in
     fp32 (the table's precision for every server: Infinity would pick a quantised file from the hub where one is).
     Infinity 0.0.78 hands optimum 2 the file's path as it globbed it, and optimum matches it against bare file
-    names: so the file lies at the top of the folder, and the server runs in that folder with ``--model-id .``."""
+    names: so the file lies at the top of the folder, and the server runs in that folder with ``--model-id .``.
+    That engine truncates at the model's max_position_embeddings (512), not its sentence-transformers
+    max_seq_length (256): a few long texts cost it more, and their vectors differ from the others'."""
     target = CACHE / "serve_load" / f"{model.name}-onnx"
     if (target / "model.onnx").is_file():
         return target
@@ -298,7 +300,9 @@ def commands(model: Path) -> dict[str, Callable[[], list[str]]]:
         **{name: (lambda engine=engine: [
             str(infinity_binary()), "v2", "--model-id", "." if engine == "optimum" else str(model),
             "--served-model-name", "minilm", "--engine", engine, "--device", "cpu", "--dtype", "float32",
-            "--host", "127.0.0.1", "--port", "{port}", "--no-vector-disk-cache", "--log-level", "warning"])
+            "--host", "127.0.0.1", "--port", "{port}", "--no-vector-disk-cache", "--log-level", "warning",
+            # the optimum engine pools by [CLS] unless told (its "auto"); the model is mean-pooled
+            *(["--pooling-method", "mean"] if engine == "optimum" else [])])
            for name, engine in (("Infinity", "torch"), ("Infinity optimum", "optimum"))},
         "FastAPI + sentence-transformers": lambda: [sys.executable, str(ROOT / "bench" / "serve_baseline.py"),
                                                     str(model), "--port", "{port}"],
