@@ -95,6 +95,12 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def rotated(names: list[str], round_index: int) -> list[str]:
+    """Round ``round_index``'s order of ``names``: moved on by one each round, so that none is always first."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
 def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int, baseline: str | None = None,
                 warmup: int = 0) -> dict[str, Any]:
     """Time every contender once per round, the order rotating by one each round, so that a drift in the machine's
@@ -114,7 +120,7 @@ def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int, baseline:
     seconds: dict[str, list[float]] = {name: [] for name in names}
     order = []
     for round_index in range(rounds):
-        turn = names[round_index % len(names):] + names[:round_index % len(names)]
+        turn = rotated(names, round_index)
         order.append(turn)
         for name in turn:
             seconds[name].append(timed(contenders[name])[0])

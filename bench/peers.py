@@ -54,7 +54,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from common import CACHE, RESULTS, SHARED, SMOKE, median, package_versions, require, smoke_size, timed, write_result
+from common import (CACHE, RESULTS, SHARED, SMOKE, median, package_versions, require, rotated, smoke_size, timed,
+                    write_result)
 
 THREADS = 2
 BATCH = 32
@@ -650,7 +651,7 @@ def measure_in_processes(names: list[str], rounds: int, calls: int, limit: int |
     calls (``child``). Returns per contender: seconds per round, latencies, and the first round's vectors and STS."""
     found: dict[str, dict[str, Any]] = {name: {"seconds": [], "latency": []} for name in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = rotated(names, r)
         for name in order:
             out = work / f"{len(names)}-{names.index(name)}-{r}.json"
             command = [sys.executable, __file__, "--child", name, "--child-out", str(out), "--calls",

@@ -9,6 +9,7 @@ the file, or with ``--skip-invalid`` leaves it out with a warning. Sections are 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -399,6 +400,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "long_context": render_long_context, "peers": render_peers, "peers_profile": render_peers_profile}
 
 
+@functools.cache  # a script's module is loaded once, however many results it wrote
 def _script_renderer(name: str) -> Callable[[dict[str, Any]], list[str]] | None:
     """A benchmark script may render its own section: a ``render(result) -> list[str]`` in bench/<name>.py."""
     import importlib.util

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import SHARED, median, require, smoke_size, write_result
+from common import SHARED, median, require, rotated, smoke_size, write_result
 
 CONTENDERS = {"local": "no Ray (1 process, 2 threads in 2 lanes)", "ray-1x2": "Ray, 1 worker x 2 threads (2 lanes)",
               "ray-2x1": "Ray, 2 workers x 1 thread"}
@@ -116,7 +116,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTENDERS}
     load = [os.getloadavg()[0]]
     for repeat in range(args.repeats):
-        for name in order[repeat % len(order):] + order[:repeat % len(order)]:
+        for name in rotated(order, repeat):
             run = measure(name, source, args.shard_size)
             run["texts_per_second"] = run["rows"] / run["job_seconds"]
             run["steady_texts_per_second"] = steady_rate(run)

@@ -57,7 +57,8 @@ from typing import Any, Callable
 import numpy as np
 
 import smoke_training
-from common import CACHE, RESULTS, ROOT, SHARED, SMOKE, median, provenance, require, smoke_size, write_result
+from common import (CACHE, RESULTS, ROOT, SHARED, SMOKE, median, provenance, require, rotated, smoke_size,
+                    write_result)
 
 THREADS = 2
 # A smoke run: rounds of 0.5 + 1 s at 1 and 4 clients, one repeat, a soak of 3 s, SIGTERM after 1.5 s under 8
@@ -420,7 +421,7 @@ def run_load(servers: dict[str, Server], requests: list[list[str]], clients: tup
     rounds: list[dict[str, Any]] = []
     for count in clients:
         for repeat in range(repeats):
-            order = names[repeat % len(names):] + names[:repeat % len(names)]
+            order = rotated(names, repeat)
             for name in order:
                 server = servers[name]
                 cpu = server.cpu_seconds()
