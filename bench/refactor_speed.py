@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
-DTYPES = ("fp32", "bf16")
+DTYPES = ("fp32", "bf16", "int8")
+GOAL = 0.98  # issue 41: after at least 0.98x of before, each measure, in one interleaved run
 ABBA = ("before", "after", "after", "before")  # each repeat's order of requests
 
 
@@ -75,12 +76,17 @@ def worker(args: argparse.Namespace) -> None:
         np.save(path, vectors)
         info["dtypes"][dtype] = {"vectors": str(path), "token_budget": int(embedder.token_budget),
                                  "compute_dtype": str(embedder.dtype)}
+    if args.finetune_rows:
+        info["finetune_step_seconds"] = finetune_step(args)  # warm-up; also checks that it runs
     reply.write(json.dumps(info) + "\n")
     for line in sys.stdin:
         request = line.strip()
         if request == "quit":
             break
         gc.collect()
+        if request == "finetune":
+            reply.write(json.dumps({"seconds": finetune_step(args)}) + "\n")
+            continue
         if request.startswith("latency "):  # single-text calls: their seconds each
             embedder, seconds = embedders[request.split()[1]], []
             for i in range(3 + args.latency_calls):
@@ -94,6 +100,22 @@ def worker(args: argparse.Namespace) -> None:
         reply.write(json.dumps({"seconds": time.perf_counter() - start}) + "\n")
 
 
+def finetune_step(args: argparse.Namespace) -> float:
+    """Seconds per training step of one fine-tuning run on the first ``args.finetune_rows`` rows of SST-2 (the API
+    both versions share: ``finetune(task, train, out_dir, valid=, model=, recipe=)``)."""
+    from encoderkit.training.finetune import Recipe, finetune
+
+    rows = Path(args.sst2).read_text(encoding="utf-8").splitlines()
+    with tempfile.TemporaryDirectory(prefix="refactor-finetune-") as work:
+        train, valid = Path(work) / "train.tsv", Path(work) / "valid.tsv"
+        train.write_text("\n".join(rows[:1 + args.finetune_rows]) + "\n", encoding="utf-8")
+        valid.write_text("\n".join(rows[:1] + rows[-64:]) + "\n", encoding="utf-8")
+        recipe = Recipe(epochs=1, batch_size=32, max_length=64, group_by_length=False, show_progress=False,
+                        save_steps=10**9, seed=42)
+        result = finetune("classify", train, Path(work) / "out", valid=valid, model=args.model, recipe=recipe)
+    return recipe.batch_size / result.examples_per_second
+
+
 class Worker:
     def __init__(self, label: str, src: Path, args: argparse.Namespace, sentences: Path, vectors: Path) -> None:
         vectors.mkdir(parents=True, exist_ok=True)
@@ -103,7 +125,8 @@ class Worker:
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--worker", "--sentences", str(sentences), "--vectors", str(vectors),
              "--threads", str(args.threads), "--warmup", str(args.warmup), "--dtypes", *args.dtypes,
-             "--latency-calls", str(args.latency_calls), *(["--model", args.model] if args.model else [])],
+             "--latency-calls", str(args.latency_calls), "--finetune-rows", str(args.finetune_rows),
+             "--sst2", str(args.sst2), *(["--model", args.model] if args.model else [])],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.info = self._read()
         if Path(self.info["encoderkit"]) != (src / "encoderkit").resolve():
@@ -117,6 +140,10 @@ class Worker:
 
     def time(self, dtype: str) -> float:
         self.process.stdin.write(dtype + "\n")
+        return float(self._read()["seconds"])
+
+    def finetune(self) -> float:
+        self.process.stdin.write("finetune\n")
         return float(self._read()["seconds"])
 
     def latency(self, dtype: str) -> list[float]:
@@ -190,6 +217,25 @@ def print_rows(rows: list[dict[str, Any]], latency: bool) -> None:
                   f"{row['after_single_text_p50_ms']:.2f} ms")
 
 
+def verdicts(rows: list[dict[str, Any]], finetune: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each measure's goal: after at least ``GOAL`` x before (texts/s; single-text p50 as before / after; step time
+    as before / after), judged on the median ratio of the interleaved repeats (p50s: on their ratio)."""
+    goals = []
+    for row in rows:
+        goals.append({"goal": f"{row['dtype']} texts/s after at least {GOAL}x before",
+                      "measured": f"{row['median_ratio']:.3f}x", "met": row["median_ratio"] >= GOAL})
+        if "after_single_text_p50_ms" in row:
+            ratio = row["before_single_text_p50_ms"] / row["after_single_text_p50_ms"]
+            goals.append({"goal": f"{row['dtype']} single-text speed (1 / p50) after at least {GOAL}x before",
+                          "measured": f"{row['after_single_text_p50_ms']:.2f} against {row['before_single_text_p50_ms']:.2f} "
+                                      f"ms ({ratio:.3f}x)", "met": ratio >= GOAL})
+    if finetune:
+        goals.append({"goal": f"fine-tuning step speed after at least {GOAL}x before",
+                      "measured": f"{finetune['after_step_ms']:.0f} against {finetune['before_step_ms']:.0f} ms a step "
+                                  f"({finetune['median_ratio']:.3f}x)", "met": finetune["median_ratio"] >= GOAL})
+    return goals
+
+
 def arguments() -> argparse.Namespace:
     """The command line (the parent's, or a worker's: ``--worker`` and its hidden options)."""
     from common import smoke_size
@@ -205,6 +251,8 @@ def arguments() -> argparse.Namespace:
                         help="untimed encodes per model before timing")
     parser.add_argument("--latency-calls", type=int, default=0,
                         help="single-text calls per version, dtype and repeat (0: no latency)")
+    parser.add_argument("--finetune-rows", type=int, default=0,
+                        help="SST-2 rows of one timed fine-tuning run per version and repeat (0: none)")
     parser.add_argument("--model", help="the model directory (default: the default model)")
     parser.add_argument("--shared", help="the shared folder holding bench/sentences.txt (default: ../shared)")
     parser.add_argument("--result", default="refactor_speed", help="bench/results/<RESULT>.json")
@@ -213,6 +261,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sentences", help=argparse.SUPPRESS)
     parser.add_argument("--vectors", help=argparse.SUPPRESS)
+    parser.add_argument("--sst2", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -228,7 +277,11 @@ def main() -> None:
     from common import ROOT, SHARED, median, require, source_revision, widened, write_result
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
-    sentences = require((Path(args.shared) if args.shared else SHARED) / "bench" / "sentences.txt")
+    shared = Path(args.shared) if args.shared else SHARED
+    sentences = require(shared / "bench" / "sentences.txt")
+    args.sst2 = require(shared / "data" / "sst2" / "train.tsv") if args.finetune_rows else ""
+    steps: dict[str, list[float]] = {"before": [], "after": []}
+    step_ratios: list[float] = []
     after_src = Path(args.after_src).resolve() if args.after_src else ROOT / "src"
     sys.path.insert(0, str(after_src))  # the package write_result asks about the machine
     times: dict[str, dict[str, list[float]]] = {d: {"before": [], "after": []} for d in args.dtypes}
@@ -261,6 +314,15 @@ def main() -> None:
                     print(f"repeat {repeat + 1} {dtype}: before " + ", ".join(f"{s:.2f}s" for s in seconds["before"])
                           + "; after " + ", ".join(f"{s:.2f}s" for s in seconds["after"])
                           + f"; speed after/before {ratios[dtype][-1]:.3f}", flush=True)
+                if args.finetune_rows:
+                    step = {"before": [], "after": []}
+                    for label in ABBA:
+                        step[label].append(workers[label].finetune())
+                    for label, values in step.items():
+                        steps[label] += values
+                    step_ratios.append(sum(step["before"]) / sum(step["after"]))
+                    print(f"repeat {repeat + 1} fine-tuning step: before {median(step['before']) * 1e3:.0f} ms, after "
+                          f"{median(step['after']) * 1e3:.0f} ms; speed after/before {step_ratios[-1]:.3f}", flush=True)
         finally:
             for w in workers.values():
                 w.close()
@@ -281,15 +343,25 @@ def main() -> None:
         if args.latency_calls:
             rows[-1].update({f"{label}_single_text_p50_ms": 1e3 * median(single[dtype][label])
                              for label in ("before", "after")})
+    finetune = None if not args.finetune_rows else {
+        "rows": args.finetune_rows, "before_step_ms": 1e3 * median(steps["before"]),
+        "after_step_ms": 1e3 * median(steps["after"]), "ratios_after_over_before": step_ratios,
+        "median_ratio": median(step_ratios)}
+    goals = verdicts(rows, finetune)
     flags = cpu_flags()
     print(f"\n{texts} texts, {args.threads} threads; before {revisions['before']}, after {revisions['after']}")
     print("CPU flags: " + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in flags.items()))
     print_rows(rows, bool(args.latency_calls))
+    if finetune:
+        print(f"fine-tuning step: before {finetune['before_step_ms']:.0f} ms, after {finetune['after_step_ms']:.0f} "
+              f"ms, after/before {finetune['median_ratio']:.3f}x")
+    for goal in goals:
+        print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'NOT MET'}")
     write_result(args.result, {
         "texts": texts, "repeats": args.repeats, "order": "ABBA (before, after, after, before) per repeat and dtype",
         "before": {"revision": revisions["before"], "rev_argument": None if args.before_src else args.before_rev},
         "after": {"revision": revisions["after"]}, "cpu_flags": flags, "rows": rows,
-        "latency_calls": args.latency_calls, "command": "python bench/refactor_speed.py " + " ".join(sys.argv[1:]),
+        "latency_calls": args.latency_calls, "finetune": finetune, "goals": goals, "command": "python bench/refactor_speed.py " + " ".join(sys.argv[1:]),
     }, benchmark="refactor_speed")
 
 

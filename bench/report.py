@@ -240,7 +240,18 @@ def render_refactor_speed(r: dict[str, Any]) -> list[str]:
             cells += [f"{row['before_single_text_p50_ms']:.2f}", f"{row['after_single_text_p50_ms']:.2f}"]
     if r.get("note"):
         lines[-2] += " " + r["note"]
-    return lines + _table(header, rows) + [""]
+    lines += _table(header, rows) + [""]
+    finetune = r.get("finetune")
+    if finetune:
+        lines += [f"Fine-tuning (`finetune`, classify, the first {finetune['rows']:,} rows of SST-2, 1 epoch, batch 32, "
+                  f"max length 64, random batches), once per version in each ABBA repeat: "
+                  f"{finetune['before_step_ms']:.0f} ms a step before, {finetune['after_step_ms']:.0f} after, "
+                  f"after/before **{finetune['median_ratio']:.3f}x** (per repeat "
+                  f"{' '.join(f'{x:.3f}' for x in finetune['ratios_after_over_before'])}).", ""]
+    if r.get("goals"):
+        lines += [f"- {goal['goal']}: {goal['measured']}: **{'met' if goal['met'] else 'not met'}**"
+                  for goal in r["goals"]] + [""]
+    return lines
 
 
 def render_long_context(r: dict[str, Any]) -> list[str]:
