@@ -78,7 +78,7 @@ def int8_embedder(model_dir):
     The native kernel is turned off for it: it reads the fp32 weights of the layers it replaces, which are gone."""
     from encoderkit import Embedder, native
 
-    embedder = Embedder.from_pretrained(model_dir)  # fp32; its engine has made the linears PackedLinear
+    embedder = Embedder.from_pretrained(model_dir)  # fp32; its engine has made its inference plan
 
     def quantised(*linears: torch.nn.Linear) -> torch.nn.Module:
         """One dynamic-int8 linear computing ``linears`` side by side (outputs concatenated)."""
@@ -91,13 +91,13 @@ def int8_embedder(model_dir):
         return torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                       dtype=torch.qint8)[0]
 
+    plan = embedder.engine.encoder.inference_plan
     for layer in embedder.model.layers:
         attention = layer.attention
         if hasattr(attention, "qkv"):
             attention.qkv = quantised(attention.qkv)
-        else:  # SelfAttention.project runs fused_projection when set (not a submodule: set around nn.Module)
-            object.__setattr__(attention, "fused_projection", quantised(attention.query, attention.key,
-                                                                        attention.value))
+        else:  # the plan runs the three as one fused projection: this one in its place
+            plan.set_projection(attention, quantised(attention.query, attention.key, attention.value))
         attention.output = quantised(attention.output)
         layer.ffn_in, layer.ffn_out = quantised(layer.ffn_in), quantised(layer.ffn_out)
     native.disable(embedder.engine.encoder)

@@ -7,7 +7,6 @@ from torch import nn
 
 from encoderkit import EncoderConfig, EncoderForSequenceClassification
 from encoderkit.modeling import training_linear
-from encoderkit.modeling.inference import PackedLinear
 from encoderkit.modeling.training_linear import TrainingLinear, for_training, linear, onednn_linear_available
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN linear")
@@ -56,16 +55,17 @@ def test_for_training_swaps_plain_linears_in_place() -> None:
     config = EncoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                            intermediate_size=24, max_position_embeddings=16, id2label={0: "a", 1: "b"})
     model = EncoderForSequenceClassification(config)
-    packed = nn.Linear(4, 4)
-    packed.__class__ = PackedLinear
-    model.extra = packed
+    class OwnLinear(nn.Linear):  # a user's own subclass
+        pass
+
+    model.extra = OwnLinear(4, 4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ids = torch.randint(1, 50, (2, 7))
     model.eval()
     with torch.no_grad():
         expected = model(ids).logits
     for_training(model)
-    assert type(model.extra) is PackedLinear  # subclasses are left alone
+    assert type(model.extra) is OwnLinear  # subclasses are left alone
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.extra]
     assert linears and all(type(m) is TrainingLinear for m in linears)
     assert model.state_dict().keys() == before.keys()

@@ -26,7 +26,7 @@ from . import kernels
 from ..config import EncoderConfig
 from ..errors import InputError
 from .dropout import dropout, kernel_mask, own_masks
-from .inference import plus_product
+from .inference import InferencePlan, apply_linear, plus_product
 from .packing import AttentionGroup, Packing, combine_biases
 from .training_linear import linear
 
@@ -161,6 +161,7 @@ class AttentionContext:
     score_parts: list[dict[str, torch.Tensor]] | None = None  # filled per layer when asked (return_probs only)
     dense: bool = False  # sliding windows as a mask over the full grid (a traced graph: no length-dependent branch)
     position_bias: RelativePositionBias | None = None  # MPNet
+    plan: InferencePlan | None = None  # the encoder's inference speed-ups (``for_inference``), reached by each product
     _relative_index: dict[int, torch.Tensor] = field(default_factory=dict)
     _position_bias: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -315,13 +316,13 @@ class SelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim * (1 + len(config.pos_att_type or ())))
         self.scaled = bool(config.pos_att_type)
 
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """Query, key and value of each row in one matrix product: (rows, hidden + 2 * key/value width)."""
+    def project(self, x: torch.Tensor, plan: InferencePlan | None = None) -> torch.Tensor:
+        """Query, key and value of each row in one matrix product: (rows, hidden + 2 * key/value width); for
+        inference, the plan's pre-packed projection (three matrices fused into one where the checkpoint keeps three)."""
         if hasattr(self, "qkv"):
-            return self.qkv(x)
-        if self.fused_projection is not None:
-            return self.fused_projection(x)
-        return self.separate_projection(x)
+            return apply_linear(plan, self.qkv, x)
+        fused = None if plan is None else plan.project(self, x)
+        return fused if fused is not None else self.separate_projection(x)
 
     def separate_projection(self, x: torch.Tensor) -> torch.Tensor:
         """The product with the three separate matrices (the training path, gradients to each)."""
@@ -329,14 +330,12 @@ class SelfAttention(nn.Module):
         bias = None if self.query.bias is None else torch.cat([self.query.bias, self.key.bias, self.value.bias])
         return linear(x, weight, bias)
 
-    fused_projection: nn.Module | None = None  # set by ``for_inference``: the three projections pre-packed as one
-
     def forward(self, x: torch.Tensor, context: AttentionContext, residual: torch.Tensor | None = None,
                 keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The attention output of (rows, hidden) ``x``, plus ``residual`` when given (a post-norm layer's
         residual add without dropout, run inside the output projection's kernel for inference). ``keep``: the
         output projection runs on these rows only (every row is a key and value); ``residual`` is theirs."""
-        qkv = self.project(x)
+        qkv = self.project(x, context.plan)
         packing = context.packing
         hidden = self.num_heads * self.head_dim
         # Runs of equal-length sequences in row order (the engine's sorted batches) write their outputs in place;
@@ -365,8 +364,8 @@ class SelfAttention(nn.Module):
         if keep is not None:
             rows = rows.index_select(0, keep)
         if residual is None:
-            return self.output(rows), probs
-        return plus_product(residual, self.output, rows), probs
+            return apply_linear(context.plan, self.output, rows), probs
+        return plus_product(context.plan, residual, self.output, rows), probs
 
     def split_heads(self, grid: torch.Tensor, count: int, length: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -454,7 +453,7 @@ class SelfAttention(nn.Module):
         heads, dim = self.num_heads, self.head_dim
 
         def by_head(projection: nn.Linear) -> torch.Tensor:  # (heads, 2 * span, head_dim)
-            return projection(embeddings).view(-1, heads, dim).transpose(0, 1)
+            return apply_linear(context.plan, projection, embeddings).view(-1, heads, dim).transpose(0, 1)
 
         parts = {}
         if "c2p" in self.pos_att_type:

@@ -22,7 +22,7 @@ from .kernels import native_forward
 from .attention import AttentionContext, RelativePositionBias, RotaryTables, SelfAttention, check_attention_bias
 from .dropout import Dropout, add_norm
 from .embeddings import Embeddings
-from .inference import fused_product, plus_product
+from .inference import InferencePlan, apply_linear, fused_product, plus_product
 from .packing import Packing
 
 
@@ -114,12 +114,12 @@ class EncoderLayer(nn.Module):
             self.inner_dropout = Dropout(config.hidden_dropout_prob) if config.family.mlp_inner_dropout \
                 else nn.Identity()
 
-    def inner(self, x: torch.Tensor) -> torch.Tensor:
-        """The MLP's hidden states of ``x``, after its activation (and inner dropout). For inference
-        (``for_inference``) the activation runs inside the product's kernel where it can (``fused_product``)."""
-        inner = None if self.glu else fused_product(self.ffn_in, x, activation=self.activation.name)
+    def inner(self, x: torch.Tensor, plan: InferencePlan | None = None) -> torch.Tensor:
+        """The MLP's hidden states of ``x``, after its activation (and inner dropout). For inference (``plan``, made
+        by ``for_inference``) the activation runs inside the product's kernel where it can (``fused_product``)."""
+        inner = None if self.glu else fused_product(plan, self.ffn_in, x, activation=self.activation.name)
         if inner is None:
-            inner = self.ffn_in(x)
+            inner = apply_linear(plan, self.ffn_in, x)
             if self.glu:
                 value, gate = inner.chunk(2, dim=-1)
                 if self.gate_second:
@@ -129,9 +129,9 @@ class EncoderLayer(nn.Module):
                 inner = self.activation(inner)
         return self.inner_dropout(inner)
 
-    def mlp(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def mlp(self, x: torch.Tensor, residual: torch.Tensor, plan: InferencePlan | None = None) -> torch.Tensor:
         """``residual`` + the MLP of ``x`` (the residual add inside the product's kernel for inference, where it can)."""
-        return plus_product(residual, self.ffn_out, self.inner(x), self.output_dropout)
+        return plus_product(plan, residual, self.ffn_out, self.inner(x, plan), self.output_dropout)
 
     def forward(self, x: torch.Tensor, context: AttentionContext, keep: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -141,15 +141,16 @@ class EncoderLayer(nn.Module):
             attended, probs = self.attention(self.attention_norm(x), context, keep=keep)
             x = x if keep is None else x.index_select(0, keep)
             x = x + self.attention_dropout(attended).to(x.dtype)
-            return self.mlp(self.ffn_norm(x), x), probs
+            return self.mlp(self.ffn_norm(x), x, context.plan), probs
         # Without dropout the attention adds its input itself (into its output projection's kernel if it can).
         residual = x if keep is None else x.index_select(0, keep)
         attended, probs = self.attention(x, context, residual=None if self.training else residual, keep=keep)
         if self.training:  # LayerNorm(residual + dropout(...)): one native pass each way where it can
             x = add_norm(residual, attended, self.attention_dropout, self.attention_norm)
-            return add_norm(x, self.ffn_out(self.inner(x)), self.output_dropout, self.ffn_norm), probs
+            return add_norm(x, apply_linear(context.plan, self.ffn_out, self.inner(x, context.plan)),
+                            self.output_dropout, self.ffn_norm), probs
         x = self.attention_norm(attended)
-        return self.ffn_norm(self.mlp(x, x)), probs
+        return self.ffn_norm(self.mlp(x, x, context.plan)), probs
 
 
 class Pooler(nn.Module):
@@ -210,6 +211,7 @@ class EncoderModel(nn.Module):
     that no shape or branch depends on the values of the input; a trace then holds for every batch size and length."""
 
     traceable: bool = False
+    inference_plan: InferencePlan | None = None  # made by ``for_inference``: its products and native layout
 
     def __init__(self, config: EncoderConfig, add_pooler: bool | None = None) -> None:
         super().__init__()
@@ -266,7 +268,7 @@ class EncoderModel(nn.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         context = AttentionContext(packing, output_attentions, self.rotary,
                                    None if self.relative is None else self.relative(), score_parts,
-                                   dense=self.traceable, position_bias=self.position_bias)
+                                   dense=self.traceable, position_bias=self.position_bias, plan=self.inference_plan)
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         embedded = x

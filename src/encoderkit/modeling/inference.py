@@ -1,12 +1,15 @@
-"""``for_inference``: speed-ups applied to a model in place, never a second model class.
+"""``for_inference``: speed-ups prepared for a model, never a second model class.
 
-The encoder's linear layers become ``PackedLinear``: still ``nn.Linear`` (same parameters, same state dict,
-training and saving see no difference), but when no gradient is wanted on CPU they multiply with a copy of
+``for_inference`` makes one ``InferencePlan`` and hands it to the encoder (``encoder.inference_plan``). The layers
+stay as they are (plain ``nn.Linear``: the same parameters and state dict; training and saving see no difference);
+the layer code asks the plan for each product (``apply_linear``, ``fused_product``, ``plus_product``: with no plan,
+or while a gradient is wanted, the module itself runs). The plan's products multiply, on CPU, with a copy of
 the weight pre-packed once into oneDNN's blocked layout, in the compute dtype (fp32, or bf16 with fp32
 LayerNorm, softmax statistics and residual stream). On Intel CPUs, fp32 products of few rows (one short text)
 run on MKL's packed GEMM instead, which costs less per call (``mkl_for_small_products``). Query, key and
 value, which BERT-style checkpoints keep as three matrices, get one pre-packed fused projection (one tall GEMM
-instead of three narrow ones).
+instead of three narrow ones). The plan also holds the native kernel's layout of the encoder (``encoderkit.native``),
+made at the first batch that takes it; a new ``for_inference`` makes a new plan, so nothing stale survives it.
 
 With ``int8=True`` the same layers multiply in int8 instead (``Int8Prepacked``: per-channel int8 weights,
 activations quantised per call), for inference only: a product that wants a gradient still runs in fp32.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +29,7 @@ from torch import nn
 
 from ..errors import InputError
 from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
-from .training_linear import linear
+from .training_linear import linear as linear_product
 
 
 def _onednn_available() -> bool:
@@ -360,53 +363,8 @@ def _wants_grad(module: nn.Module, x: torch.Tensor) -> bool:
     return module.training or (torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad))
 
 
-class PackedLinear(nn.Linear):
-    """An ``nn.Linear`` that computes inference products with a pre-packed weight (see the module doc)."""
-
-    prepacked: Prepacked
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _wants_grad(self, x):  # training: the training product (oneDNN where it is faster)
-            return linear(x, self.weight, self.bias)
-        return self.prepacked(x)
-
-    def fused(self, x: torch.Tensor, activation: str | None = None,
-              residual: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The product with ``activation`` applied, or with ``residual`` added, fused into the matrix product;
-        None where that cannot be done (training, gradients wanted, no packed weight): then the caller runs
-        the plain product and the separate step."""
-        if _wants_grad(self, x):
-            return None
-        return self.prepacked.fused(x, activation, residual)
-
-
-def fused_product(linear: nn.Module, x: torch.Tensor, *, activation: str | None = None,
-                  residual: torch.Tensor | None = None) -> torch.Tensor | None:
-    """``linear(x)`` with ``activation`` applied or ``residual`` added inside the product's kernel, when
-    ``linear`` was packed by ``for_inference`` and runs for inference; None otherwise (the caller then takes its
-    plain steps). The same layer code runs either way: this is a switch, not a second forward."""
-    fused = getattr(linear, "fused", None)
-    return None if fused is None or linear.training else fused(x, activation, residual)
-
-
-def plus_product(residual: torch.Tensor, linear: nn.Module, x: torch.Tensor,
-                 dropout: nn.Module | None = None) -> torch.Tensor:
-    """``residual + dropout(linear(x))``, the add run inside the product's kernel where ``fused_product`` can."""
-    summed = fused_product(linear, x, residual=residual)
-    if summed is not None:
-        return summed
-    out = linear(x)
-    return residual + (out if dropout is None else dropout(out)).to(residual.dtype)
-
-
-def _pack_linear(linear: nn.Linear, dtype: torch.dtype, int8_name: str | None = None) -> None:
-    linear.__class__ = PackedLinear
-    linear.prepacked = Prepacked([linear.weight], [linear.bias], dtype) if int8_name is None else \
-        Int8Prepacked([linear.weight], [linear.bias], int8_name)
-
-
 class _FusedQKV:
-    """query, key and value as one pre-packed projection (not a submodule: nothing new in the state dict)."""
+    """query, key and value as one pre-packed projection (no module: nothing new in the state dict)."""
 
     def __init__(self, attention: nn.Module, dtype: torch.dtype, int8_name: str | None = None) -> None:
         self.attention = attention
@@ -416,62 +374,151 @@ class _FusedQKV:
             Int8Prepacked(weights, biases, int8_name)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if _wants_grad(self.attention.query, x):
-            return self.attention.separate_projection(x)
         return self.prepacked(x)
+
+
+class InferencePlan:
+    """What ``for_inference`` prepared for one encoder: the compute dtype, whether its layers run in int8, each
+    linear layer's pre-packed product (``Prepacked`` or ``Int8Prepacked``, found by its module), the fused
+    query/key/value projection of each attention that keeps three matrices, and the native kernel's layout
+    (``native``: made by ``encoderkit.native`` at the first batch that takes it; ``native_checked``: the kernel was
+    asked and does not apply). The layers reach every speed-up through it; the modules are never changed."""
+
+    def __init__(self, dtype: torch.dtype, int8: bool) -> None:
+        self.dtype, self.int8 = dtype, int8
+        self._by_module: dict[int, tuple[nn.Module, Prepacked]] = {}  # id(linear) -> (the linear, its product)
+        self._projections: dict[int, tuple[nn.Module, Any]] = {}  # id(attention) -> (attention, fused projection)
+        self.ordered: list[Prepacked] = []  # the products inference runs, in layer order (``products``)
+        self.layers: list[dict[str, Prepacked]] = []  # per layer: qkv, output, ffn_in, ffn_out (the native kernel's)
+        self.native: Any = None
+        self.native_checked = False
+
+    def add(self, linear: nn.Module, product: Prepacked) -> None:
+        self._by_module[id(linear)] = (linear, product)
+
+    def product_of(self, linear: nn.Module) -> Prepacked | None:
+        """The pre-packed product of ``linear``, or None (a module the plan did not prepare)."""
+        found = self._by_module.get(id(linear))
+        return found[1] if found is not None and found[0] is linear else None
+
+    def projection_of(self, attention: nn.Module) -> Any:
+        """The fused query/key/value projection of ``attention`` (a callable on rows), or None."""
+        found = self._projections.get(id(attention))
+        return found[1] if found is not None and found[0] is attention else None
+
+    def set_projection(self, attention: nn.Module, projection: Any) -> None:
+        """Run ``projection`` (rows -> query, key and value side by side) as ``attention``'s fused projection (a
+        benchmark's stand-in; ``for_inference`` sets the pre-packed one)."""
+        self._projections[id(attention)] = (attention, projection)
+
+    def project(self, attention: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """Query, key and value of ``x`` from the fused projection, or None (none made, or a gradient wanted: the
+        caller runs its three matrices)."""
+        projection = self.projection_of(attention)
+        if projection is None or _wants_grad(attention.query, x):
+            return None
+        return projection(x)
+
+    def products(self) -> Iterator[Prepacked]:
+        return iter(self.ordered)
+
+
+def apply_linear(plan: InferencePlan | None, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)``, with the plan's pre-packed product where it has one and no gradient is wanted; while one is,
+    the training product (``training_linear.linear``)."""
+    product = None if plan is None else plan.product_of(linear)
+    if product is None:
+        return linear(x)
+    if _wants_grad(linear, x):
+        return linear_product(x, linear.weight, linear.bias)
+    return product(x)
+
+
+def fused_product(plan: InferencePlan | None, linear: nn.Module, x: torch.Tensor, *, activation: str | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``linear(x)`` with ``activation`` applied or ``residual`` added inside the product's kernel, where ``plan``
+    has a pre-packed product for ``linear`` and it runs for inference; None otherwise (the caller then takes its
+    plain steps). The same layer code runs either way: this is a switch, not a second forward."""
+    product = None if plan is None else plan.product_of(linear)
+    if product is None or _wants_grad(linear, x):
+        return None
+    return product.fused(x, activation, residual)
+
+
+def plus_product(plan: InferencePlan | None, residual: torch.Tensor, linear: nn.Module, x: torch.Tensor,
+                 dropout: nn.Module | None = None) -> torch.Tensor:
+    """``residual + dropout(linear(x))``, the add run inside the product's kernel where ``fused_product`` can."""
+    summed = fused_product(plan, linear, x, residual=residual)
+    if summed is not None:
+        return summed
+    out = apply_linear(plan, linear, x)
+    return residual + (out if dropout is None else dropout(out)).to(residual.dtype)
+
+
+def _product(module: nn.Module, dtype: torch.dtype, int8_name: str | None) -> Prepacked:
+    return Prepacked([module.weight], [module.bias], dtype) if int8_name is None else \
+        Int8Prepacked([module.weight], [module.bias], int8_name)
 
 
 def for_inference(model: nn.Module, dtype: torch.dtype = torch.float32, *, int8: bool = False,
                   fp32_layers: tuple[str, ...] = ()) -> nn.Module:
-    """Prepare ``model`` (an encoder, or a task model with one) for fast inference in ``dtype``, in place.
+    """Prepare ``model`` (an encoder, or a task model with one) for fast inference in ``dtype``: a new
+    ``InferencePlan`` for its encoder (``encoder.inference_plan``).
 
     ``int8``: the encoder layers' linears compute in int8 (``Int8Prepacked``), except those whose names
     (``layers.{i}.attention.qkv`` for the fused query/key/value, ``layers.{i}.attention.output``,
     ``layers.{i}.ffn_in``, ``layers.{i}.ffn_out``, ...) are in ``fp32_layers``; the rest of the model (embeddings,
     norms, attention products, heads) stays in fp32. Returns the same model, in eval mode. Calling it again with
-    other settings re-packs."""
+    other settings makes a new plan."""
     if dtype not in (torch.float32, torch.bfloat16):
         raise InputError(f"encoderkit computes in float32 or bfloat16, not {dtype}")
     if int8 and dtype != torch.float32:
         raise InputError("int8 linear layers run with the rest of the model in fp32, not in bf16")
     encoder = getattr(model, "encoder", model)
+    plan = InferencePlan(dtype, int8)
     known = set()
     for index, layer in enumerate(encoder.layers):
         attention = layer.attention
         separate = () if hasattr(attention, "qkv") else (attention.query, attention.key, attention.value)
+        named = {}
         for name, module in layer.named_modules():
             if isinstance(module, nn.Linear):
                 full = f"layers.{index}.{name}"
                 if any(module is m for m in separate):  # inference runs them fused, as attention.qkv below
-                    _pack_linear(module, dtype)
+                    plan.add(module, _product(module, dtype, None))
                     continue
                 known.add(full)
-                _pack_linear(module, dtype, full if int8 and full not in fp32_layers else None)
+                named[name] = _product(module, dtype, full if int8 and full not in fp32_layers else None)
+                plan.add(module, named[name])
+        fused = None
         if separate:
             full = f"layers.{index}.attention.qkv"
             known.add(full)
-            object.__setattr__(attention, "fused_projection", _FusedQKV(
-                attention, dtype, full if int8 and full not in fp32_layers else None))
+            fused = _FusedQKV(attention, dtype, full if int8 and full not in fp32_layers else None)
+            plan.set_projection(attention, fused)
+            plan.ordered.append(fused.prepacked)
+        plan.ordered += named.values()
+        plan.layers.append({"qkv": fused.prepacked if fused else plan.product_of(attention.qkv),
+                            "output": plan.product_of(attention.output), "ffn_in": plan.product_of(layer.ffn_in),
+                            "ffn_out": plan.product_of(layer.ffn_out)})
     unknown = sorted(set(fp32_layers) - known)
     if unknown:
         raise InputError(f"fp32_layers names no linear layer of this model: {', '.join(unknown)}; its int8 layers "
                          f"are named like {', '.join(sorted(known)[:4])}, ...")
-    model.inference_dtype = encoder.inference_dtype = dtype  # type: ignore[attr-defined]
-    # a new generation of settings: the native layers' plan (``native.native_forward``) is made again at its next call
-    encoder.inference_generation = getattr(encoder, "inference_generation", 0) + 1  # type: ignore[attr-defined]
+    encoder.inference_plan = plan
     return model.eval()
+
+
+def plan_of(model: nn.Module) -> InferencePlan | None:
+    """The ``InferencePlan`` of ``model`` (an encoder, or a task model with one), or None before ``for_inference``."""
+    return getattr(getattr(model, "encoder", model), "inference_plan", None)
 
 
 def _products(model: nn.Module) -> Iterator[Prepacked]:
     """The packed products inference runs, in layer order: the fused query/key/value projection where there is one
     (then not its three separate layers, which inference never calls), and the other packed linear layers."""
-    for layer in getattr(model, "encoder", model).layers:
-        projection = getattr(layer.attention, "fused_projection", None)
-        unused = () if projection is None else (layer.attention.query, layer.attention.key, layer.attention.value)
-        if projection is not None:
-            yield projection.prepacked
-        yield from (m.prepacked for m in layer.modules()
-                    if isinstance(m, PackedLinear) and not any(m is u for u in unused))
+    plan = plan_of(model)
+    return iter(()) if plan is None else plan.products()
 
 
 def int8_layers(model: nn.Module) -> list[Int8Prepacked]:
@@ -487,6 +534,5 @@ def prepack(model: nn.Module) -> None:
         product._refresh()
 
 
-__all__ = ["Int8Prepacked", "PackedLinear", "SMALL_FP32_ROWS", "for_inference", "fused_product", "int8_layers",
-           "int8_weight_levels",
-           "mkl_for_small_products", "plus_product", "prepack"]
+__all__ = ["InferencePlan", "Int8Prepacked", "SMALL_FP32_ROWS", "apply_linear", "for_inference", "fused_product",
+           "int8_layers", "int8_weight_levels", "mkl_for_small_products", "plan_of", "plus_product", "prepack"]

@@ -141,7 +141,7 @@ class NativeEncoder:
     PyTorch first. A linear layer that ``for_inference`` made int8 (``Int8Prepacked``) runs in int8 here too, from
     its codes, scales and SmoothQuant factors; the others in fp32."""
 
-    def __init__(self, encoder: nn.Module, lib: ctypes.CDLL) -> None:
+    def __init__(self, encoder: nn.Module, lib: ctypes.CDLL, plan) -> None:
         from ..modeling.inference import Int8Prepacked, int8_weight_levels
 
         self.encoder, self.lib = encoder, lib
@@ -163,23 +163,13 @@ class NativeEncoder:
         self.native_embeddings = encoder.embeddings.projection is None  # else not of the hidden size
         self.tables: dict[str, int | float | None] = {}
         # (layer, product) -> the int8 product for_inference made, where it made one
-        made = {}
-        for index, layer in enumerate(encoder.layers):
-            for name, module in self._linears(layer).items():
-                product = getattr(module, "prepacked", None)  # what for_inference made for it
-                if isinstance(product, Int8Prepacked):
-                    made[index, name] = product
+        made = {(index, name): product for index, products in enumerate(plan.layers)
+                for name, product in products.items() if isinstance(product, Int8Prepacked)}
         self.quantized = list(made.values())  # every int8 product, whether it runs here or not (``calibrating``)
         # Where the kernel cannot sum the codes exactly (no int8 product, or 8-bit codes against its 16-bit pair
         # sums), it runs an int8 model's small batches in fp32 (see the module doc)
         self.int8_in_fp32 = bool(made) and int8_weight_levels() > int8_weight_limit()
         self.int8 = {} if self.int8_in_fp32 else made
-
-    @staticmethod
-    def _linears(layer: nn.Module) -> dict[str, nn.Module | None]:
-        attention = layer.attention
-        qkv = attention.qkv if hasattr(attention, "qkv") else attention.fused_projection
-        return {"qkv": qkv, "output": attention.output, "ffn_in": layer.ffn_in, "ffn_out": layer.ffn_out}
 
     def calibrating(self) -> bool:
         """Whether an int8 product is being calibrated or measured (``quantization.measure_int8``): then the
@@ -351,29 +341,26 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
     """The last layer's states of the (tokens,) ids laid out by ``packing``, from the native kernel, or None where
     it does not apply (see the module doc): then the caller runs the PyTorch forward."""
     tokens = input_ids.shape[0]
-    if tokens > INT8_MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" or encoder.training \
-            or torch.is_grad_enabled() or getattr(encoder, "inference_dtype", None) not in _KERNEL_DTYPES \
+    inference = getattr(encoder, "inference_plan", None)  # for_inference's plan: the kernel's layout lives on it
+    if inference is None or tokens > INT8_MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" \
+            or encoder.training or torch.is_grad_enabled() or inference.dtype not in _KERNEL_DTYPES \
             or getattr(encoder, "traceable", False) or not packing.in_row_order \
             or any(group.key_mask is not None or group.bias is not None for group in packing.groups):
         return None
-    generation = getattr(encoder, "inference_generation", 0)
-    if encoder.__dict__.get("_native_generation") != generation:  # for_inference re-packed: plan anew
-        reset(encoder)
-        encoder.__dict__["_native_generation"] = generation
-    plan = encoder.__dict__.get("_native")
+    plan = inference.native
     if plan is None:
-        if encoder.__dict__.get("_native_checked"):
+        if inference.native_checked:
             return None
         lib = library()
         if lib is None or eligible(encoder) is not None or next(encoder.parameters()).dtype != torch.float32:
-            encoder.__dict__["_native_checked"] = True
+            inference.native_checked = True
             return None
-        plan = NativeEncoder(encoder, lib)
+        plan = NativeEncoder(encoder, lib, inference)
         if plan.int8_in_fp32:
             _say_once("int8 without 8-bit dot products the kernel can sum exactly here: batches of at most %d tokens "
                       "run the native kernel in fp32, which is faster than PyTorch's int8 kernels and exact; larger "
                       "ones run int8", MAX_TOKENS)
-        encoder.__dict__["_native"] = plan
+        inference.native = plan
     if not _fits(plan, tokens, packing):
         return None
     if plan.quantized and plan.calibrating():
@@ -394,24 +381,24 @@ def _say_once(message: str, *args) -> None:
 def kernel_of(model: nn.Module) -> NativeEncoder | None:
     """The native kernel's plan for ``model`` (an encoder, or a task model with one): made at its first batch that
     took the kernel; None before that, or where the kernel does not apply."""
-    plan = getattr(model, "encoder", model).__dict__.get("_native")
+    inference = getattr(getattr(model, "encoder", model), "inference_plan", None)
+    plan = None if inference is None else inference.native
     return plan if plan is not None and plan.ran else None
 
 
 def disable(model: nn.Module) -> None:
     """Run the PyTorch layers of ``model`` (an encoder, or a task model with one) from now on, never the native
-    kernel (a comparison, a test). ``for_inference`` turns it back on."""
-    encoder = getattr(model, "encoder", model)
-    encoder.__dict__.pop("_native", None)
-    encoder.__dict__["_native_checked"] = True
-    encoder.__dict__["_native_generation"] = getattr(encoder, "inference_generation", 0)  # until it re-packs
+    kernel (a comparison, a test). ``for_inference`` turns it back on (its new plan asks the kernel again)."""
+    inference = getattr(getattr(model, "encoder", model), "inference_plan", None)
+    if inference is not None:
+        inference.native, inference.native_checked = None, True
 
 
-def reset(encoder: nn.Module) -> None:
-    """Forget ``encoder``'s native plan: made again at its next call (as after ``for_inference`` re-packs with
-    other settings, which it tells by ``encoder.inference_generation``)."""
-    encoder.__dict__.pop("_native", None)
-    encoder.__dict__.pop("_native_checked", None)
+def reset(model: nn.Module) -> None:
+    """Forget the native layout of ``model`` (an encoder, or a task model with one): made again at its next call."""
+    inference = getattr(getattr(model, "encoder", model), "inference_plan", None)
+    if inference is not None:
+        inference.native, inference.native_checked = None, False
 
 
 __all__ = ["INT8_MAX_LENGTH", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available",
