@@ -52,12 +52,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 
 import torch
 from torch import nn
 
 from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
 from .loader import Embedding as _Embedding, Layer as _Layer, Linear as _Linear, library, status
+from .team import TeamSize
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +151,7 @@ class NativeEncoder:
         self.versions: tuple[int, ...] | None = None
         self.lock = threading.Lock()
         self.ran = False  # whether a batch has taken the kernel (``kernel_of``)
+        self.team = TeamSize()  # the threads of each call (``native.team``)
         self.sources: list[torch.Tensor] = []
         self.codes: list[torch.Tensor] = []  # each int8 product's codes the layout was made from
         self.tensors: list[torch.Tensor] = []
@@ -280,9 +283,12 @@ class NativeEncoder:
             x = self.encoder.embeddings(input_ids, token_type_ids, position_ids).contiguous()
             embedding = None
         starts = starts.to(torch.int64).contiguous()
+        threads = self.team.pick(tokens, torch.get_num_threads())  # fewer where other processes hold the cores
+        started = time.perf_counter()
         code = self.lib.ek_encode(x.data_ptr(), embedding, tokens, self.hidden, self.heads, self.inter,
                                   len(self.schedule), ctypes.byref(layers), starts.data_ptr(),
-                                  starts.shape[0] - 1, self.activation, self.eps, self.scale, torch.get_num_threads())
+                                  starts.shape[0] - 1, self.activation, self.eps, self.scale, threads)
+        self.team.record(tokens, threads, time.perf_counter() - started)
         return x if code == 0 else None
 
 
