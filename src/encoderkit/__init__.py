@@ -4,7 +4,7 @@ from .modeling.models import load_model, save_model
 from .config import FAMILIES, PRESETS, EncoderConfig, load_config, preset
 from .errors import CheckpointError, ConfigError, DataError, EncoderkitError, InputError, TokenizerError
 from .export import ExportResult, export_model, export_onnx
-from .hub import default_model_path, resolve_model
+from .io.hub import default_model_path, resolve_model
 from .modeling import (
     Encoder,
     EncoderForMaskedLM,

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, InputError
-from .hub import resolve_model
+from .io.hub import resolve_model
 from .modeling.packing import pool_padded
 from .progress import Progress
 
@@ -164,7 +164,7 @@ def export_onnx(model: str | Path | None, out_dir: str | Path, *, int8: bool = F
     resolved = resolve_model(model)
     out_dir = Path(out_dir).expanduser()
     _check_out_dir(out_dir, resolved.root, overwrite)
-    loaded = load_model(resolved.root, task=task, dtype=torch.float32)  # ONNX Runtime's CPU kernels are fp32
+    loaded = load_model(resolved, task=task, dtype=torch.float32)  # ONNX Runtime's CPU kernels are fp32
     info = resolved.sentence_transformer
     pooling = info.pooling if info is not None and loaded.task == "base" else None
     graph = OnnxGraph(loaded, pooling, bool(info and info.normalize)).eval()

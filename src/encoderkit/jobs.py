@@ -7,7 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .config import EncoderConfig
-from .hub import resolve_model
+from .io.hub import resolve_model
 from .modeling.models import hf_architecture, task_from_architectures
 from .tokenizer import Tokenizer
 from .zoo import count_parameters

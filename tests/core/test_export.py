@@ -15,7 +15,7 @@ import torch
 from encoderkit import Embedder, EncoderConfig, InputError, Tokenizer, build_model, export_onnx, load_model
 from encoderkit.cli import main
 from encoderkit.export import INT8_FILE, ONNX_FILE, onnx_session, run_onnx
-from encoderkit.st_format import write_sentence_transformer
+from encoderkit.io.st_format import write_sentence_transformer
 from helpers import TOKENIZER_FILES
 
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install 'encoderkit[onnx]'")

@@ -202,7 +202,7 @@ def test_a_ray_engine_manifest_names_the_query_model_and_an_unfinished_job_is_re
     """The Ray engine's manifest records the model as a record (its path among its facts) and marks a job that has
     not finished; the index reads the first and refuses the second."""
     from encoderkit import Embedder
-    from encoderkit.hub import default_model_path
+    from encoderkit.io.hub import default_model_path
 
     texts = ["a cat sleeps on the sofa", "stock markets fell sharply", "rain is expected tomorrow"]
     write_shards(tmp_path / "s", Embedder.from_pretrained().encode(texts), [f"t{i}" for i in range(3)])

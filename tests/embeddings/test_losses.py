@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from encoderkit import InputError
-from encoderkit.checkpoints import transformers_name
+from encoderkit.io.checkpoints import transformers_name
 from encoderkit.embeddings import (
     CachedMultipleNegativesRankingLoss,
     CoSENTLoss,

@@ -221,10 +221,10 @@ class AttentionAnalyzer:
     def from_pretrained(cls, path: str | Path | None = None, **kwargs) -> "AttentionAnalyzer":
         """The analyzer of a model directory (HF format or sentence-transformers; None = the default model)."""
         from ..modeling.models import load_model
-        from ..hub import resolve_model
+        from ..io.hub import resolve_model
 
         resolved = resolve_model(path)
-        return cls(load_model(resolved.root, task="base"), Tokenizer.from_pretrained(resolved.tokenizer_dir), **kwargs)
+        return cls(load_model(resolved, task="base"), Tokenizer.from_pretrained(resolved.tokenizer_dir), **kwargs)
 
     @property
     def num_layers(self) -> int:

@@ -108,7 +108,7 @@ def model_record(model: str | Path | None, embedder_options: dict[str, Any]) -> 
     """What identifies the embeddings a model gives (its files' hash and the embedder's settings), and their
     dimension; read from the model directory without loading the weights."""
     from ..config import load_config
-    from ..hub import resolve_model
+    from ..io.hub import resolve_model
     from ..tasks.embed import check_truncate_dim
 
     resolved = resolve_model(model)

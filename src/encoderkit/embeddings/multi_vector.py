@@ -41,10 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, InputError
-from ..hub import resolve_model
+from ..io.hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..modeling.packing import MAX_BATCH_SIZE
-from ..st_format import is_multi_vector_dir
+from ..io.st_format import is_multi_vector_dir
 from .multi_vector_io import (_SETTING_KEYS, MultiVectorDirectory, MultiVectorSettings, read_multi_vector_dir,
                               write_multi_vector_dir)
 from ..tokenizer import Tokenizer

@@ -106,7 +106,7 @@ class MultiVectorDirectory:
 
 def read_multi_vector_dir(root: str | Path, *, allow_pickle: bool = False) -> MultiVectorDirectory:
     """The projection and settings of a PyLate directory (``pylate.models.ColBERT.save``'s layout)."""
-    from ..st_format import _read_json
+    from ..io.st_format import _read_json
 
     root = Path(root)
     modules = _read_json(root / "modules.json")
@@ -133,7 +133,7 @@ def read_multi_vector_dir(root: str | Path, *, allow_pickle: bool = False) -> Mu
 
 
 def _read_dense(directory: Path, allow_pickle: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    from ..st_format import _read_json
+    from ..io.st_format import _read_json
 
     config = _read_json(directory / "config.json")
     activation = str(config.get("activation_function", IDENTITY))
@@ -169,7 +169,7 @@ def write_multi_vector_dir(directory: str | Path, projection: Sequence[nn.Linear
     sentence_bert_config.json, one ``N_Dense/`` per projection layer and config_sentence_transformers.json."""
     from safetensors.torch import save_file
 
-    from ..st_format import _versions, _write_json
+    from ..io.st_format import _versions, _write_json
 
     directory = Path(directory)
     modules = [{"idx": 0, "name": "0", "path": "", "type": TRANSFORMER_TYPE}]

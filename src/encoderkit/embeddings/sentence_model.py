@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
-from ..hub import resolve_model
+from ..io.hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..tasks.embed import POOLING_MODES, pool
 from ..tokenizer import BatchEncoding, Tokenizer
@@ -80,7 +80,7 @@ class SentenceModel(nn.Module):
 
         resolved = resolve_model(path)
         refuse_other_kinds(resolved.root)
-        encoder = load_model(resolved.root, task="base")
+        encoder = load_model(resolved, task="base")
         tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
         info = resolved.sentence_transformer
         return cls(encoder,

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, InputError
-from ..hub import resolve_model
+from ..io.hub import resolve_model
 from ..modeling.packing import MAX_BATCH_SIZE
 from ..tokenizer import BatchEncoding, Tokenizer
 from .sparse_vectors import SparseVectors, check_max_active_dims
@@ -58,12 +58,12 @@ def _load_mlm(path: str | Path | None, what: str, *, allow_pickle: bool = False)
     """(MLM model, tokenizer, SparseEncoderInfo or None) of a sparse encoder directory or a plain MLM checkpoint;
     an InputError where the checkpoint has no trained MLM head."""
     from ..modeling.models import load_model
-    from ..st_format import is_sparse_encoder, read_sparse_encoder
+    from ..io.st_format import is_sparse_encoder, read_sparse_encoder
 
     resolved = resolve_model(path)
     info = read_sparse_encoder(resolved.root) if is_sparse_encoder(resolved.root) else None
     try:
-        model = load_model(resolved.root, task="masked-lm", allow_pickle=allow_pickle, head_required=what)
+        model = load_model(resolved, task="masked-lm", allow_pickle=allow_pickle, head_required=what)
     except CheckpointError as exc:
         raise InputError(f"{exc}. {MLM_FAMILY_HINT}") from exc
     except InputError as exc:  # a family without an MLM head
@@ -196,7 +196,7 @@ class SparseEmbedder:
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """The model and tokenizer in the HF format, with sentence-transformers' SparseEncoder files beside them."""
-        from ..st_format import write_sparse_encoder
+        from ..io.st_format import write_sparse_encoder
 
         self.model.save_pretrained(directory, tokenizer=self.tokenizer)
         return write_sparse_encoder(directory, pooling=self.pooling, activation=self.activation,
@@ -277,7 +277,7 @@ class SparseModel(nn.Module):
         return weights.amax(dim=1) if self.pooling == "max" else weights.sum(dim=1)
 
     def save_pretrained(self, directory: str | Path, tokenizer: Tokenizer | None = None) -> Path:
-        from ..st_format import write_sparse_encoder
+        from ..io.st_format import write_sparse_encoder
 
         self.mlm.save_pretrained(directory, tokenizer=tokenizer or self.tokenizer)
         return write_sparse_encoder(directory, pooling=self.pooling, activation=self.activation,

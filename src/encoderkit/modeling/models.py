@@ -3,15 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoints import load_extra_state, load_state, read_state_dict, write_checkpoint
 from ..config import EncoderConfig
 from ..errors import CheckpointError, ConfigError, InputError
+from ..io.checkpoints import load_extra_state, load_state, read_state_dict, write_checkpoint
 from .embeddings import init_weights
 from .encoder import EncoderModel, EncoderOutput
 from .crf import CRF, word_emissions
@@ -22,6 +22,9 @@ from .heads import (
     SpanHead,
     TokenClassificationHead,
 )
+
+if TYPE_CHECKING:
+    from ..io.hub import ResolvedModel
 
 
 @dataclass
@@ -37,7 +40,7 @@ class TaskOutput:
 
 
 class _Pretrained:
-    """Loading and saving in the HF directory format (see ``encoderkit.checkpoints``)."""
+    """Loading and saving in the HF directory format (see ``encoderkit.io.checkpoints``)."""
 
     task: str = "base"
     config: EncoderConfig
@@ -422,10 +425,10 @@ def build_model(config: EncoderConfig, task: str = "base") -> nn.Module:
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading and saving in the HF directory format (the format itself: ``encoderkit.checkpoints``)
+# Loading and saving in the HF directory format (the format itself: ``encoderkit.io.checkpoints``)
 # ---------------------------------------------------------------------------------------------
 def load_model(
-    path: str | Path | None = None,
+    path: str | Path | ResolvedModel | None = None,
     task: str | None = None,
     *,
     dtype: torch.dtype | None = None,
@@ -436,7 +439,8 @@ def load_model(
     new_head_seed: int | None = None,
     head_required: str | None = None,
 ) -> nn.Module:
-    """Load an HF-format model directory (or a sentence-transformers one) into encoderkit's model code.
+    """Load an HF-format model directory (or a sentence-transformers one; or a ``ResolvedModel`` a caller resolved
+    already) into encoderkit's model code.
 
     ``task`` picks the head ("base", "masked-lm", "sequence-classification", ...); None reads it from
     config.json's ``architectures``. ``labels`` sets the label names of a new classification head.
@@ -446,7 +450,7 @@ def load_model(
     head's weights would be whatever followed the encoder's millions of draws: a function of the encoder's size.
     ``head_required``: what needs the head (e.g. "a SPLADE encoder"); a head the checkpoint lacks is then a
     CheckpointError saying so, where it is otherwise initialised anew with a warning."""
-    from ..hub import resolve_model
+    from ..io.hub import resolve_model
 
     resolved = resolve_model(path)
     if config is None:

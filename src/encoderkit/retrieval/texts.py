@@ -36,7 +36,7 @@ def embedder_for(kind: str, model: str | Path | None):
 
 def model_root(model: str | Path | None) -> str:
     """The directory a model name resolves to: what an index records and compares."""
-    from ..hub import resolve_model
+    from ..io.hub import resolve_model
 
     return str(resolve_model(model).root)
 

@@ -9,7 +9,7 @@ from typing import Any
 def joined_shape(shapes: dict[str, tuple[int, ...]], hf_name: str) -> tuple[int, ...] | None:
     """The shape of the tensor ``hf_name`` names: one checkpoint tensor's, or, for parts joined by ``+`` (NomicBERT's
     fc11 + fc12), their concatenation along the first axis; None where a part is absent or the widths differ."""
-    from ..checkpoints import JOIN
+    from ..io.checkpoints import JOIN
 
     parts = [shapes.get(part) for part in hf_name.split(JOIN)]
     if any(shape is None for shape in parts) or len({tuple(shape[1:]) for shape in parts}) > 1:
@@ -22,7 +22,7 @@ def config_weight_checks(config: Any, shapes: dict[str, tuple[int, ...]]) -> lis
     config implies. Returns {"check", "expected", "found", "ok"} rows."""
     import torch
 
-    from ..checkpoints import JOIN, transformers_name
+    from ..io.checkpoints import JOIN, transformers_name
     from ..modeling.models import build_model, task_from_architectures
 
     family = config.family

@@ -152,7 +152,7 @@ class MLMScorer:
     def from_pretrained(cls, path: str | Path, **options) -> "MLMScorer":
         from ..modeling.models import load_model
         from ..config import EncoderConfig
-        from ..hub import resolve_model
+        from ..io.hub import resolve_model
         from ..modeling.models import task_from_architectures
 
         resolved = resolve_model(path)
@@ -162,7 +162,7 @@ class MLMScorer:
             raise InputError(f"{resolved.root} is a {task} model ({', '.join(config.architectures or ['no architectures'])})"
                              " without a trained MLM head; membership scores need a *ForMaskedLM or *ForPreTraining "
                              "checkpoint, e.g. the output of `encoderkit pretrain`")
-        return cls(load_model(resolved.root, task=task), Tokenizer.from_pretrained(resolved.tokenizer_dir), **options)
+        return cls(load_model(resolved, task=task), Tokenizer.from_pretrained(resolved.tokenizer_dir), **options)
 
     @property
     def settings(self) -> dict[str, object]:

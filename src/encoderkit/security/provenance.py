@@ -17,7 +17,7 @@ unpickling anything, and turns their findings into one verdict:
    ``builtins.eval``, ``subprocess.*``) make the model unsafe.
 4. **Config vs weights**: the tensor shapes in the headers against what config.json implies
    (vocabulary x embedding width, positions, segment types, layers, hidden and intermediate sizes,
-   number of labels), using the per-family name tables of ``encoderkit.checkpoints``.
+   number of labels), using the per-family name tables of ``encoderkit.io.checkpoints``.
 
 Verdict: ``unsafe`` (loading may run code, the weights are damaged, or they differ from the manifest),
 ``suspicious`` (files added, missing or renamed; unknown imports; config and weights disagree), or
@@ -366,7 +366,7 @@ def _parse_safetensors(path: Path) -> tuple[list[TensorRecord], int, list[str]]:
 # The checker
 # ---------------------------------------------------------------------------------------------
 def _model_directory(model_dir: str | Path | None) -> Path:
-    from ..hub import DEFAULT_MODEL_NAMES, default_model_path
+    from ..io.hub import DEFAULT_MODEL_NAMES, default_model_path
 
     if model_dir is None or str(model_dir).lower() in DEFAULT_MODEL_NAMES:
         return default_model_path()
@@ -515,7 +515,7 @@ class ModelProvenanceChecker:
     def _config_checks(self, shapes: dict[str, tuple[int, ...]], findings: list[Finding],
                        has_pickled_weights: bool) -> list[dict[str, Any]]:
         from ..config import EncoderConfig
-        from ..hub import resolve_model
+        from ..io.hub import resolve_model
 
         try:
             weights_dir = resolve_model(self.model_dir).weights_dir

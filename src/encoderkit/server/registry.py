@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ..config import EncoderConfig
 from ..errors import CheckpointError, InputError
-from ..hub import DEFAULT_MODEL_NAMES, default_model_path, hub_id, resolve_model
+from ..io.hub import DEFAULT_MODEL_NAMES, default_model_path, hub_id, resolve_model
 from ..modeling.models import task_from_architectures
 from ..threads import on_compute_thread
 from ..tokenizer import Tokenizer
@@ -234,7 +234,7 @@ def _pipelines(root: Path, task: str, config: EncoderConfig, **options: Any) -> 
     token vectors at /embed_all; the heads serve their tasks."""
     from ..embeddings.multi_vector import MultiVectorEmbedder
     from ..embeddings.sparse import SparseEmbedder
-    from ..st_format import is_multi_vector_dir, is_sparse_encoder
+    from ..io.st_format import is_multi_vector_dir, is_sparse_encoder
     from ..tasks.classify import Classifier
     from ..tasks.embed import Embedder
     from ..tasks.fill_mask import FillMask

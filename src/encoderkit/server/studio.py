@@ -116,7 +116,7 @@ class Studio:
     def models(self) -> dict[str, Any]:
         """The served models with what the page needs to set up its controls (from config.json and the tokenizer)."""
         from ..config import EncoderConfig
-        from ..hub import resolve_model
+        from ..io.hub import resolve_model
 
         if self._models is not None:
             return self._models

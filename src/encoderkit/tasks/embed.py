@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError, InputError
-from ..hub import resolve_model
+from ..io.hub import resolve_model
 from ..modeling.encoder import EncoderModel
 from ..engine import engine_for
 from ..modeling.packing import MAX_BATCH_SIZE
 from ..modeling.packing import pool_padded as pool  # noqa: F401 (encoderkit.tasks.embed.pool, the padded pooling)
-from ..st_format import POOLING_MODES
+from ..io.st_format import POOLING_MODES
 from ..tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class Embedder:
 
         resolved = resolve_model(path)
         refuse_other_kinds(resolved.root)
-        model = load_model(resolved.root, task="base", allow_pickle=allow_pickle)
+        model = load_model(resolved, task="base", allow_pickle=allow_pickle)
         tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
         info = resolved.sentence_transformer
         return cls(
@@ -212,7 +212,7 @@ class Embedder:
 def refuse_other_kinds(root: Path) -> None:
     """An InputError where ``root`` holds a sparse (SPLADE) or multi-vector (ColBERT) model, whose texts are not one
     pooled vector: pooling its encoder's states would give vectors it was never trained to give."""
-    from ..st_format import is_multi_vector_dir, is_sparse_encoder
+    from ..io.st_format import is_multi_vector_dir, is_sparse_encoder
 
     if is_sparse_encoder(root):
         raise InputError(f"{root} is a sparse (SPLADE) encoder: it gives term weights, not one dense vector; use "
@@ -253,7 +253,7 @@ def prompt_options(prompt: str | None, prompt_name: str | None) -> dict[str, str
 def named_prompt(model: str | Path | None, name: str) -> str:
     """The text of the prompt ``model`` calls ``name`` (its config_sentence_transformers.json), for commands that
     hand the text on (files, Ray actors)."""
-    from ..st_format import read_prompts
+    from ..io.st_format import read_prompts
 
     return pick_prompt(read_prompts(resolve_model(model).root)[0], name)
 

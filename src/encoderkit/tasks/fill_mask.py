@@ -38,7 +38,7 @@ class FillMask:
     def from_pretrained(cls, path: str | Path | None = None, *, allow_pickle: bool = False) -> "FillMask":
         from ..modeling.models import load_model
         from ..config import EncoderConfig
-        from ..hub import resolve_model
+        from ..io.hub import resolve_model
         from ..modeling.models import task_from_architectures
 
         resolved = resolve_model(path)
@@ -48,7 +48,7 @@ class FillMask:
             raise InputError(f"{resolved.root} is a {task} model ({', '.join(config.architectures or ['no architectures'])})"
                              " without a trained MLM head; fill-mask needs a *ForMaskedLM or *ForPreTraining checkpoint,"
                              " e.g. the output of `encoderkit pretrain`")
-        return cls(load_model(resolved.root, task=task, allow_pickle=allow_pickle), Tokenizer.from_pretrained(resolved.tokenizer_dir))
+        return cls(load_model(resolved, task=task, allow_pickle=allow_pickle), Tokenizer.from_pretrained(resolved.tokenizer_dir))
 
     @torch.inference_mode()
     def __call__(self, texts: str | list[str], top_k: int = 5) -> list[list[list[Prediction]]]:

@@ -16,10 +16,10 @@ from .qa import QuestionAnswerer
 
 def load_pipeline(path: str | Path, **options: Any) -> TaskPipeline:
     """The pipeline a fine-tuned directory was made for (classification, NER or QA; fill-mask for MLMs)."""
-    from ..hub import resolve_model
+    from ..io.hub import resolve_model
 
     resolved = resolve_model(path)
-    model = load_model(resolved.root)
+    model = load_model(resolved)
     tokenizer = Tokenizer.from_pretrained(resolved.tokenizer_dir)
     for pipeline in (Classifier, EntityRecognizer, QuestionAnswerer):
         if model.task in pipeline.tasks:

@@ -51,10 +51,10 @@ class TaskPipeline:
     def from_pretrained(cls, path: str | Path, *, allow_pickle: bool = False, **options: Any) -> "TaskPipeline":
         """``allow_pickle``: read a pytorch_model.bin (weights only) where there is no safetensors file."""
         from ..modeling.models import load_model
-        from ..hub import resolve_model
+        from ..io.hub import resolve_model
 
         resolved = resolve_model(path)
-        model = load_model(resolved.root, allow_pickle=allow_pickle)
+        model = load_model(resolved, allow_pickle=allow_pickle)
         if model.task not in cls.tasks:
             raise InputError(f"{resolved.root} holds a {model.task} model; {cls.__name__} needs one fine-tuned for "
                              f"{' or '.join(cls.tasks)} (see `encoderkit finetune`)")

@@ -455,7 +455,7 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
                      model: str | Path | None = None, recipe: Recipe | None = None) -> FinetuneSetup:
     """Read and check the data, build the features and the task model, and set up the Trainer."""
     from ..modeling.models import load_model
-    from ..hub import resolve_model
+    from ..io.hub import resolve_model
 
     out_dir = Path(out_dir)
     recipe = dataclasses.replace(recipe or Recipe())
@@ -482,7 +482,7 @@ def prepare_finetune(kind: TaskKind, train: Any, out_dir: str | Path, *, valid: 
 
     config = kind.configure(dataclasses.replace(base_config, extra=dict(base_config.extra)), labels)
     config.extra["encoderkit"] = {"task": kind.name, "max_length": recipe.max_length, **kind.settings(recipe, labels)}
-    task_model = load_model(resolved.root, task=kind.model_task, config=config, new_head_expected=True,
+    task_model = load_model(resolved, task=kind.model_task, config=config, new_head_expected=True,
                             new_head_seed=recipe.seed)
     train_features = kind.features(tokenizer, train_examples, labels, recipe, True)
     world_size = world_and_rank()[0]
@@ -541,11 +541,11 @@ def _finetune(kind: TaskKind, train: Any, out_dir: Path, *, valid: Any, model: s
 def evaluate_model(model_dir: str | Path, data: Any, *, dtype: str = "fp32", **columns: Any) -> dict[str, float]:
     """The task metrics of a fine-tuned directory on a labelled file of its task's format."""
     from ..modeling.models import load_model
-    from ..hub import resolve_model
+    from ..io.hub import resolve_model
     from ..modeling.models import task_settings
 
     resolved = resolve_model(model_dir)
-    model = load_model(resolved.root)
+    model = load_model(resolved)
     settings = task_settings(model.config)
     name = settings.get("task")
     if name not in TASK_KINDS:

@@ -97,7 +97,7 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
     dict, or a model directory to continue pre-training from (its MLM head is added if missing).
     ``masking``: see ``resolve_masking`` (None: the family's masking rate, 30% for ModernBERT, else 15%)."""
     from ..modeling.models import load_model
-    from ..hub import resolve_model
+    from ..io.hub import resolve_model
 
     if objective not in OBJECTIVES:
         raise InputError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")

@@ -45,7 +45,7 @@ from ..embeddings.data import (
 from ..embeddings import losses as L
 from ..embeddings.sentence_model import FEATURE_NAMES, SentenceModel
 from ..errors import DataError, InputError
-from ..st_format import write_sentence_transformer
+from ..io.st_format import write_sentence_transformer
 from .config import TrainingConfig
 from .ddp import distributed_run
 from .trainer import Trainer

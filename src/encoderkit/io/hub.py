@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
 from .st_format import POOLING_MODES, SentenceTransformerInfo, read_sentence_transformer
 
 __all__ = ["DEFAULT_MODEL_NAMES", "POOLING_MODES", "ResolvedModel", "SentenceTransformerInfo", "default_model_path",
@@ -96,9 +96,12 @@ def resolve_hub_id(repo: str, revision: str | None = None) -> Path:
                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
-def resolve_model(path: str | Path | None) -> ResolvedModel:
+def resolve_model(path: str | Path | ResolvedModel | None) -> ResolvedModel:
     """The directories of the model ``path`` names: None or a default alias, a local directory, or a hub id
-    (``ORG/NAME[@REVISION]``, see the module doc)."""
+    (``ORG/NAME[@REVISION]``, see the module doc). A ``ResolvedModel`` comes back as it is: a pipeline resolves its
+    argument once and hands the result to ``load_model``, so the two never see different snapshots of a hub id."""
+    if isinstance(path, ResolvedModel):
+        return path
     if path is None or str(path).lower() in DEFAULT_MODEL_NAMES:
         root = default_model_path()
     else:

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import EncoderConfig
-from .errors import CheckpointError
-from .families import Rule
+from ..config import EncoderConfig
+from ..errors import CheckpointError
+from ..families import Rule
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, ConfigError, InputError
-from .modeling.packing import POOLING
+from ..errors import CheckpointError, ConfigError, InputError
+from ..modeling.packing import POOLING
 
 # encoderkit's pooling name -> (sentence-transformers 2-5 flag, sentence-transformers 6 ``pooling_mode``).
 # In sentence-transformers' order: the order a version-5 config lists its flags in.

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from encoderkit import CheckpointError, ConfigError, Embedder, InputError, Tokenizer, load_model, resolve_model
-from encoderkit.st_format import POOLING_MODES, pooling_mode, write_sentence_transformer
+from encoderkit.io.st_format import POOLING_MODES, pooling_mode, write_sentence_transformer
 
 MAX_SEQ_LENGTH = 32  # below the default model's 256, so that sentence-transformers must read it to truncate alike
 SENTENCES = [

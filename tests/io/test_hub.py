@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from encoderkit import Embedder
 from encoderkit.cli import cli
 from encoderkit.errors import CheckpointError
-from encoderkit.hub import resolve_model
+from encoderkit.io.hub import resolve_model
 from helpers import tiny_bert_dir
 
 A, B = "a" * 40, "b" * 40
@@ -39,6 +39,27 @@ def test_a_hub_id_resolves_from_the_cache(cache):
     vectors = Embedder.from_pretrained("org/tiny").encode(["a hub model"])
     direct = Embedder.from_pretrained(cache / "snapshots" / A).encode(["a hub model"])
     np.testing.assert_array_equal(vectors, direct)
+
+
+@pytest.mark.parametrize("load", ["embedder", "pipeline"])
+def test_a_model_argument_is_resolved_once(cache, monkeypatch, load):
+    """A pipeline resolves its model argument once and hands the result to ``load_model``, which takes it as it is
+    (it resolved the snapshot's directory a second time before: the ST files read twice, and a second place for
+    the two to disagree)."""
+    from encoderkit import load_pipeline
+    from encoderkit.io import hub
+
+    reads = []
+    original = hub.hub_id
+    monkeypatch.setattr(hub, "hub_id", lambda path: reads.append(str(path)) or original(path))
+    if load == "embedder":
+        Embedder.from_pretrained("org/tiny")
+    else:
+        from encoderkit.errors import InputError
+
+        with pytest.raises(InputError, match="not a fine-tuned"):  # loaded, then refused: an encoder, not a task
+            load_pipeline("org/tiny")
+    assert reads == ["org/tiny"]
 
 
 def test_hf_home_is_read_when_hf_hub_cache_is_not_set(cache, monkeypatch, tmp_path):
