@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import operator
 import threading
 import time
 
@@ -62,6 +63,7 @@ from .loader import Embedding as _Embedding, Layer as _Layer, Linear as _Linear,
 from .team import TeamSize
 
 log = logging.getLogger(__name__)
+_VERSION = operator.attrgetter("_version")
 
 # Batches of at most this many tokens take the native kernel, where it beat the PyTorch layers (bench/native_phases.py).
 # Its attention is a plain loop per sequence and head, quadratic in the length: longer inputs stay on PyTorch's kernels.
@@ -148,7 +150,7 @@ class NativeEncoder:
 
         self.encoder, self.lib = encoder, lib
         self.width = lib.ek_vector_width()
-        self.versions: tuple[int, ...] | None = None
+        self.versions: int | None = None  # the sum of the sources' version counters when the layout was made
         self.lock = threading.Lock()
         self.ran = False  # whether a batch has taken the kernel (``kernel_of``)
         self.team = TeamSize()  # the threads of each call (``native.team``)
@@ -198,7 +200,8 @@ class NativeEncoder:
     def _stale(self) -> bool:
         """Whether a parameter changed, or an int8 product has new codes (re-quantised, or smoothed: then its
         ``versions`` are None until it re-quantises)."""
-        if self.versions is None or self.versions != tuple(t._version for t in self.sources):
+        # version counters only grow, so their sum changes whenever one does (half the time of a tuple of them)
+        if self.versions is None or self.versions != sum(map(_VERSION, self.sources)):
             return True
         return any(p.versions is None or p.quantized is not c for p, c in zip(self.int8.values(), self.codes))
 
@@ -214,7 +217,7 @@ class NativeEncoder:
     def _rebuild(self) -> None:
         encoder = self.encoder
         self.sources = list(encoder.layers.parameters()) + list(encoder.embeddings.parameters())
-        versions = tuple(t._version for t in self.sources)
+        versions = sum(map(_VERSION, self.sources))
         for product in self.int8.values():
             product._refresh()
         self.codes = [p.quantized for p in self.int8.values()]
