@@ -6,52 +6,60 @@ import torch
 
 from encoderkit import native
 from encoderkit.engine import engine_for
-from encoderkit.native.team import PROBE_EVERY, WEIGHT, TeamSize
+from encoderkit.native.team import PROBE_FIRST, WINDOW, TeamSize
 from test_native import kernel, reference_and_ours, sequences  # noqa: F401  (kernel: a fixture)
 
 
-def warmed(team: TeamSize, tokens: int, full: float, one: float, wanted: int = 2) -> None:
-    """Feed ``team`` two calls of each team size (the first of each is left out as cold)."""
-    for threads, seconds in ((wanted, full), (wanted, full), (1, one), (1, one)):
-        team.record(tokens, threads, seconds)
+def calls(team: TeamSize, tokens: int, seconds: dict[int, float], count: int, wanted: int = 2) -> list[int]:
+    """``count`` calls, each taking ``seconds[threads]`` on the team ``team`` picks; the picks."""
+    picks = []
+    for _ in range(count):
+        threads = team.pick(tokens, wanted)
+        team.record(tokens, threads, seconds[threads])
+        picks.append(threads)
+    return picks
 
 
 def test_one_thread_wanted_is_one_thread():
     assert TeamSize().pick(12, 1) == 1
 
 
-def test_first_calls_measure_the_whole_team_then_one_thread():
+def test_each_team_is_measured_first_then_the_faster_runs():
     team = TeamSize()
-    assert team.pick(12, 2) == 2  # nothing known: the caller's team
-    team.record(12, 2, 0.002)  # cold: left out
+    picks = calls(team, 12, {2: 0.002, 1: 0.003}, 10)
+    assert picks == [2, 2, 2, 1, 1, 1, 2, 2, 2, 2]  # a cold call and two more of each, then the faster
+    assert team.estimates() == {(TeamSize.size_class(12), 2): 0.002, (TeamSize.size_class(12), 1): 0.003}
+
+
+def test_probes_of_the_other_team_grow_apart_while_nothing_changes():
+    team = TeamSize()
+    picks = calls(team, 12, {2: 0.002, 1: 0.003}, 6 + PROBE_FIRST * 15)
+    probes = [i + 1 for i, p in enumerate(picks) if p == 1 and i >= 6]
+    assert probes[:4] == [PROBE_FIRST, 2 * PROBE_FIRST, 4 * PROBE_FIRST, 8 * PROBE_FIRST]
+
+
+def test_an_outlier_does_not_turn_the_choice():
+    team = TeamSize()
+    calls(team, 12, {2: 0.002, 1: 0.003}, 8)
+    team.record(12, 2, 0.200)  # one descheduled call
     assert team.pick(12, 2) == 2
-    team.record(12, 2, 0.002)
-    assert team.pick(12, 2) == 1  # the whole team is known, one thread is not yet
-    assert team.estimates() == {(TeamSize.size_class(12), 2): 0.002}
-
-
-def test_the_faster_team_runs_and_the_other_is_probed_now_and_then():
-    team = TeamSize()
-    warmed(team, 12, full=0.002, one=0.003)
-    picks = [team.pick(12, 2) for _ in range(3 * PROBE_EVERY)]
-    assert picks.count(1) == 3 and picks.count(2) == 3 * PROBE_EVERY - 3  # one probe every PROBE_EVERY calls
-    assert [i + 1 for i, p in enumerate(picks) if p == 1] == [PROBE_EVERY, 2 * PROBE_EVERY, 3 * PROBE_EVERY]
 
 
 def test_contention_turns_the_choice_and_a_free_machine_turns_it_back():
     team = TeamSize()
-    warmed(team, 12, full=0.002, one=0.003)
-    team.record(12, 2, 0.200)  # a descheduled thread held the team at its barriers
-    assert team.estimates()[TeamSize.size_class(12), 2] == pytest.approx(0.002 + WEIGHT * 0.198)
-    assert team.pick(12, 2) == 1
-    team.record(12, 2, 0.0021)  # a probe on a free machine: the estimate drops at once
-    assert team.pick(12, 2) == 2
+    calls(team, 12, {2: 0.002, 1: 0.003}, 8)
+    busy = calls(team, 12, {2: 0.040, 1: 0.005}, WINDOW)  # the team's calls slow down: its median crosses
+    assert busy[-1] == 1
+    later = calls(team, 12, {2: 0.040, 1: 0.005}, 3 * PROBE_FIRST)
+    assert later.count(2) <= 3  # probes only
+    free = calls(team, 12, {2: 0.002, 1: 0.003}, PROBE_FIRST * (WINDOW + 1) * 4)
+    assert free[-PROBE_FIRST:] == [2] * PROBE_FIRST
 
 
 def test_sizes_of_call_are_measured_apart():
     team = TeamSize()
-    warmed(team, 12, full=0.002, one=0.003)
-    warmed(team, 200, full=0.009, one=0.006)
+    calls(team, 12, {2: 0.002, 1: 0.003}, 8)
+    calls(team, 200, {2: 0.009, 1: 0.006}, 8)
     assert TeamSize.size_class(12) != TeamSize.size_class(200)
     assert team.pick(12, 2) == 2 and team.pick(200, 2) == 1
 

@@ -3,36 +3,51 @@
 Why: the kernel synchronises its team at many barriers a layer (after each product and each norm). On a machine
 whose cores other processes also want, the OS deschedules one of the team's threads for a time slice, and every
 other thread waits for it at the next barrier: a short text that takes a couple of milliseconds on an idle machine
-then takes tens to hundreds, where one thread, which waits for nobody, is only somewhat slower than two
-(``bench/latency_contention.py`` measures both). A server on a shared machine sees exactly that.
+then takes several times that, with a tail of a hundred milliseconds, where one thread, which waits for nobody,
+is only somewhat slower than two (``bench/latency_contention.py`` measures both). A server on a shared machine
+sees exactly that.
 
-So each kernel layout keeps, per size of call (its tokens' power of two), a running estimate of the seconds a call
-takes with the caller's whole team and with one thread, runs the faster, and now and then (``PROBE_EVERY`` calls)
-runs the other to refresh its estimate, so that it notices when the machine changes (contention starts or ends).
-Results do not depend on the choice: the kernel's outputs are the same bits with one thread or several (each output
-is computed by one thread in one order; tests/native/test_native.py checks it).
+So each kernel layout keeps, per size of call (its tokens' power of two), the seconds of the last ``WINDOW`` calls
+with the caller's whole team and with one thread, and runs the one whose median is lower: the median, so that
+neither a lucky fast call nor a descheduled slow one turns the choice, and the choice does not flap between the
+two (each switch back to the team wakes a sleeping thread, which costs most on a busy machine). Now and then it
+runs the other to keep its window fresh, so that it notices when the machine changes: after ``PROBE_FIRST`` calls,
+then at twice the distance each time a probe leaves the choice as it was (up to ``PROBE_MOST``), because on a busy
+machine each probe of the whole team may be one of those slow calls; a probe faster than the choice's median, or a
+change of choice, starts over at ``PROBE_FIRST``, so that a machine that became free is noticed within a few
+probes. Results do not depend on the choice: the kernel's outputs are the same bits with one thread or
+several (each output is computed by one thread in one order; tests/native/test_team.py checks it).
 """
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 
-# One call in this many (per size of call) runs the choice that is not the current best, to keep its estimate fresh.
-PROBE_EVERY = 32
-# Weight of a slower measurement in the running estimate (exponential moving average): a call slower than the
-# estimate moves it half way, so a few slow calls in a row (contention began) turn the choice; a faster one replaces
-# it at once, so one probe notices that the machine is free again.
-WEIGHT = 0.5
+WINDOW = 8  # the calls per size and team whose median is the estimate
+PROBE_FIRST = 16  # calls between probes of the other choice, at first and after the choice changed
+PROBE_MOST = 1024  # the longest distance between probes
+
+
+class _Size:
+    """The state of one size of call: each team's recent seconds, the choice, and when to probe next."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, deque[float]] = {}
+        self.choice: int | None = None
+        self.calls = 0
+        self.next_probe = PROBE_FIRST
+        self.distance = PROBE_FIRST
+        self.cold: set[int] = set()  # teams whose first (cold) call is behind
 
 
 class TeamSize:
     """The team size for each call of one kernel layout (see the module doc). Safe to share between threads: the
-    estimates are approximations, updated under a lock that no call holds while the kernel runs."""
+    state is updated under a lock that no call holds while the kernel runs."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seconds: dict[tuple[int, int], float] = {}  # (size class, threads) -> estimated seconds of a call
-        self._calls: dict[int, int] = {}  # size class -> calls so far
-        self._warm: set[tuple[int, int]] = set()  # (size class, threads) whose first call (a cold one) is behind
+        self._sizes: dict[int, _Size] = {}
 
     @staticmethod
     def size_class(tokens: int) -> int:
@@ -42,32 +57,44 @@ class TeamSize:
         """The threads for a call of ``tokens`` tokens, where the caller has ``wanted`` (torch's thread count)."""
         if wanted <= 1:
             return max(wanted, 1)
-        size = self.size_class(tokens)
         with self._lock:
-            calls = self._calls[size] = self._calls.get(size, 0) + 1
-            full, one = self._seconds.get((size, wanted)), self._seconds.get((size, 1))
-        if full is None:
-            return wanted
-        if one is None:
-            return 1
-        best, other = (1, wanted) if one < full else (wanted, 1)
-        return other if calls % PROBE_EVERY == 0 else best
+            size = self._sizes.setdefault(self.size_class(tokens), _Size())
+            size.calls += 1
+            for threads in (wanted, 1):  # measure each first: the whole team, then one thread
+                if len(size.seconds.get(threads, ())) < 2:
+                    return threads
+            medians = {t: statistics.median(size.seconds[t]) for t in (wanted, 1)}
+            best = min(medians, key=medians.get)
+            if size.choice is not None and best != size.choice:  # the choice changed: probe soon again
+                size.distance = PROBE_FIRST
+                size.next_probe = size.calls + PROBE_FIRST
+            elif size.calls >= size.next_probe:  # a probe of the other; later next time if nothing changes
+                size.next_probe = size.calls + size.distance
+                size.distance = min(2 * size.distance, PROBE_MOST)
+                size.choice = best
+                return 1 if best == wanted else wanted
+            size.choice = best
+            return best
 
     def record(self, tokens: int, threads: int, seconds: float) -> None:
         """A call of ``tokens`` tokens on ``threads`` threads took ``seconds``. The first call of each size and team
         (cold caches, a team starting) is left out."""
-        key = (self.size_class(tokens), threads)
         with self._lock:
-            if key not in self._warm:
-                self._warm.add(key)
+            size = self._sizes.setdefault(self.size_class(tokens), _Size())
+            if threads not in size.cold:
+                size.cold.add(threads)
                 return
-            before = self._seconds.get(key)
-            self._seconds[key] = seconds if before is None or seconds < before else before + WEIGHT * (seconds - before)
+            chosen = size.seconds.get(size.choice) if size.choice is not None else None
+            if threads != size.choice and chosen and seconds < statistics.median(chosen):
+                # a probe beat the choice: the machine may have changed, so probe again soon
+                size.distance, size.next_probe = PROBE_FIRST, size.calls + PROBE_FIRST
+            size.seconds.setdefault(threads, deque(maxlen=WINDOW)).append(seconds)
 
     def estimates(self) -> dict[tuple[int, int], float]:
-        """(size class, threads) -> the estimated seconds of a call (a test, a benchmark's report)."""
+        """(size class, threads) -> the median seconds of its recent calls (a test, a benchmark's report)."""
         with self._lock:
-            return dict(self._seconds)
+            return {(key, threads): statistics.median(window) for key, size in self._sizes.items()
+                    for threads, window in size.seconds.items() if window}
 
 
-__all__ = ["PROBE_EVERY", "TeamSize", "WEIGHT"]
+__all__ = ["PROBE_FIRST", "PROBE_MOST", "TeamSize", "WINDOW"]
