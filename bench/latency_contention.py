@@ -14,8 +14,8 @@ Contenders, each in a process of its own, taking turns round by round (the order
 - ``encoderkit-fixed-team``: 2 threads, the team always whole (``TeamSize.pick`` held at the caller's count: the
   kernel before ``native.team``);
 - ``encoderkit-1-thread``: 1 torch thread;
-- ``onnxruntime``: ONNX Runtime's fp32 graph (optimisation level 99), 2 intra-op threads: the peer with the lowest
-  single-text p50 in bench/peers.py (skipped with a reason where onnxruntime is not installed).
+- ``onnxruntime``: bench/peers.py's ONNX Runtime O3 graph and session, 2 intra-op threads: the fp32 peer with the
+  lowest single-text p50 there (skipped with a reason where onnxruntime is not installed).
 
 Reported per condition and contender: p50, p90 and p99 over every round's calls. Goals, each printed met or not:
 busy, encoderkit's p50 at most 1.25x its one-thread p50 (no collapse) and no worse than ONNX Runtime's; quiet,
@@ -69,43 +69,40 @@ def worker(name: str, texts: list[str], calls: int, onnx_dir: str) -> list[float
     return seconds
 
 
-def onnx_encoder(onnx_dir: str):
-    """One text -> its mean-pooled vector, on ONNX Runtime (2 intra-op threads, every graph optimisation)."""
+def onnx_encoder(onnx_path: str):
+    """One text -> its mean-pooled vector, on ONNX Runtime: bench/peers.py's O3 graph (the BERT optimizer's fusions,
+    GELU approximated) and session (2 intra-op threads, sequential)."""
     import numpy as np
-    import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(Path(onnx_dir) / "onnx" / "model.onnx"), options,
-                                   providers=["CPUExecutionProvider"])
-    tokenizer = Tokenizer.from_file(str(Path(onnx_dir) / "tokenizer.json"))
+    from encoderkit import default_model_path
+    from peers import ort_session
+
+    session = ort_session(Path(onnx_path), threads=2)
+    tokenizer = Tokenizer.from_file(str(next(default_model_path().rglob("tokenizer.json"))))
+    tokenizer.no_padding()  # the file pads every text to 128 tokens; encoderkit runs a text's own tokens
     names = {i.name for i in session.get_inputs()}
 
     def encode(text: str):
-        encoding = tokenizer.encode(text)
-        ids = np.array([encoding.ids], dtype=np.int64)
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        if "token_type_ids" in names:
-            feed["token_type_ids"] = np.zeros_like(ids)
-        return session.run(["sentence_embedding"], feed)[0]
+        ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        return session.run(None, {k: v for k, v in feed.items() if k in names})[0].mean(axis=1)
 
     return encode
 
 
-def export_onnx(work: Path) -> str | None:
-    """The folder of the default model exported by ``encoderkit export`` (fp32, dynamic axes: onnx/model.onnx
-    beside the model's tokenizer.json), or None (why is printed) where onnxruntime is not installed."""
+def export_onnx() -> str | None:
+    """bench/peers.py's O3 graph of the default model (made once, cached), or None (why is printed) where
+    onnxruntime is not installed."""
     try:
         import onnxruntime  # noqa: F401
-
-        from encoderkit import default_model_path
-        from encoderkit.export import export_onnx as export
     except ImportError as exc:
         print(f"onnxruntime: not run ({exc})")
         return None
-    return str(export(default_model_path(), work / "export", progress=False).out_dir)
+    from encoderkit import default_model_path
+    from peers import export_onnx as export, optimize_onnx
+
+    return str(optimize_onnx(export(default_model_path()), gelu_approximation=True))
 
 
 @contextlib.contextmanager
@@ -177,7 +174,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="latency-contention-") as work:
         texts_file = Path(work) / "texts.txt"
         texts_file.write_text("\n".join(short_texts(sentences)) + "\n", encoding="utf-8")
-        onnx_dir = export_onnx(Path(work))
+        onnx_dir = export_onnx()
         names = [n for n in CONTENDERS if n != "onnxruntime" or onnx_dir]
         for condition in ("quiet", "busy"):
             seconds[condition] = {n: [] for n in names}
