@@ -6,7 +6,7 @@ import torch
 
 from encoderkit import native
 from encoderkit.engine import engine_for
-from encoderkit.native.team import PROBE_FIRST, WINDOW, TeamSize
+from encoderkit.native.team import PROBE_FIRST, TEAM_MARGIN, WINDOW, TeamSize
 from test_native import kernel, reference_and_ours, sequences  # noqa: F401  (kernel: a fixture)
 
 
@@ -29,6 +29,13 @@ def test_each_team_is_measured_first_then_the_faster_runs():
     picks = calls(team, 12, {2: 0.002, 1: 0.003}, 10)
     assert picks == [2, 2, 2, 1, 1, 1, 2, 2, 2, 2]  # a cold call and two more of each, then the faster
     assert team.estimates() == {(TeamSize.size_class(12), 2): 0.002, (TeamSize.size_class(12), 1): 0.003}
+
+
+def test_the_team_runs_only_where_clearly_faster():
+    """Two threads at 0.87 of one thread's time (a busy machine's team) are not worth their tail: one thread runs."""
+    team = TeamSize()
+    assert calls(team, 12, {2: 0.0026, 1: 0.0030}, 10)[-1] == 1
+    assert 0.0026 >= TEAM_MARGIN * 0.0030
 
 
 def test_probes_of_the_other_team_grow_apart_while_nothing_changes():

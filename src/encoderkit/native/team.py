@@ -8,7 +8,8 @@ is only somewhat slower than two (``bench/latency_contention.py`` measures both)
 sees exactly that.
 
 So each kernel layout keeps, per size of call (its tokens' power of two), the seconds of the last ``WINDOW`` calls
-with the caller's whole team and with one thread, and runs the one whose median is lower: the median, so that
+with the caller's whole team and with one thread, and runs the one whose median is lower (the team only where it is
+clearly lower, ``TEAM_MARGIN``): the median, so that
 neither a lucky fast call nor a descheduled slow one turns the choice, and the choice does not flap between the
 two (each switch back to the team wakes a sleeping thread, which costs most on a busy machine). Now and then it
 runs the other to keep its window fresh, so that it notices when the machine changes: after ``PROBE_FIRST`` calls,
@@ -27,6 +28,10 @@ from collections import deque
 WINDOW = 8  # the calls per size and team whose median is the estimate
 PROBE_FIRST = 16  # calls between probes of the other choice, at first and after the choice changed
 PROBE_MOST = 1024  # the longest distance between probes
+# The whole team runs only where its median is below this share of one thread's. One thread's calls, measured in a
+# process whose team has just run, wait for a spinning team thread on a busy machine, so they measure slow; and a
+# busy machine's whole team has the worse tail. Quiet, two threads take about 0.55 of one thread's time.
+TEAM_MARGIN = 0.8
 
 
 class _Size:
@@ -64,7 +69,7 @@ class TeamSize:
                 if len(size.seconds.get(threads, ())) < 2:
                     return threads
             medians = {t: statistics.median(size.seconds[t]) for t in (wanted, 1)}
-            best = min(medians, key=medians.get)
+            best = wanted if medians[wanted] < TEAM_MARGIN * medians[1] else 1
             if size.choice is not None and best != size.choice:  # the choice changed: probe soon again
                 size.distance = PROBE_FIRST
                 size.next_probe = size.calls + PROBE_FIRST
@@ -97,4 +102,4 @@ class TeamSize:
                     for threads, window in size.seconds.items() if window}
 
 
-__all__ = ["PROBE_FIRST", "PROBE_MOST", "TeamSize", "WINDOW"]
+__all__ = ["PROBE_FIRST", "PROBE_MOST", "TEAM_MARGIN", "TeamSize", "WINDOW"]
