@@ -245,7 +245,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--before-rev", default="8ef4bb8", help="the commit measured as BEFORE (default 8ef4bb8)")
     parser.add_argument("--before-src", help="an existing src/ directory to measure as BEFORE instead of --before-rev")
     parser.add_argument("--after-src", help="the src/ directory measured as AFTER (default: this checkout's)")
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=DTYPES,
+                        help="default fp32 bf16 (int8 needs a BEFORE with int8: 991af94 on)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=smoke_size(2, 1),
                         help="untimed encodes per model before timing")
