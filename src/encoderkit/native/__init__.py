@@ -5,7 +5,7 @@ least PyTorch loop over pre-packed products is slower than ONNX Runtime's whole 
 alone are not (bench/latency_floor.py): each product reads its weights from memory once for a handful of rows, and
 about a hundred Python calls and dispatches sit around them. ``small_batch.cpp`` runs every layer in one call: weights packed once into panels read front to
 back, bias, activation and residual applied in registers, attention per sequence and head, LayerNorm, on torch's
-own OpenMP team (the caller's torch thread count).
+own OpenMP team (the caller's torch thread count, or one thread where that is faster now: ``native.team``).
 
 int8 (``dtype="int8"``): the linear layers ``for_inference`` made int8 (``modeling.inference.Int8Prepacked``: int8
 weights per output channel, SmoothQuant factors from the accuracy guard's calibration) run here as int8 products
