@@ -36,20 +36,21 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import common
+import numpy as np
+
 from common import SHARED, require, rotated, smoke_size, write_result
 
 CONTENDERS = ("encoderkit", "encoderkit-fixed-team", "encoderkit-1-thread", "onnxruntime")
 BUSY = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 
 
-def worker(name: str, texts: list[str], calls: int, onnx_dir: str) -> list[float]:
+def worker(name: str, texts: list[str], calls: int, onnx_path: str) -> list[float]:
     """Seconds of each of ``calls`` single-text calls of ``name`` (after 20 untimed ones), in this process."""
     import torch
 
     torch.set_num_threads(1 if name == "encoderkit-1-thread" else 2)
     if name == "onnxruntime":
-        encode = onnx_encoder(onnx_dir)
+        encode = onnx_encoder(onnx_path)
     else:
         from encoderkit import Embedder
 
@@ -72,7 +73,6 @@ def worker(name: str, texts: list[str], calls: int, onnx_dir: str) -> list[float
 def onnx_encoder(onnx_path: str):
     """One text -> its mean-pooled vector, on ONNX Runtime: bench/peers.py's O3 graph (the BERT optimizer's fusions,
     GELU approximated) and session (2 intra-op threads, sequential)."""
-    import numpy as np
     from tokenizers import Tokenizer
 
     from encoderkit import default_model_path
@@ -118,18 +118,13 @@ def busy_processes(count: int, seconds: float) -> Iterator[None]:
             p.wait()
 
 
-def run_one(name: str, texts_file: Path, calls: int, onnx_dir: str) -> list[float]:
+def run_one(name: str, texts_file: Path, calls: int, onnx_path: str) -> list[float]:
     env = {**os.environ, "OMP_NUM_THREADS": "1" if name == "encoderkit-1-thread" else "2"}
     out = subprocess.run([sys.executable, __file__, "--worker", name, "--texts-file", str(texts_file),
-                          "--calls", str(calls), "--onnx-dir", onnx_dir], env=env, capture_output=True, text=True)
+                          "--calls", str(calls), "--onnx-path", onnx_path], env=env, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"{name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def verdicts(rows: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
@@ -159,11 +154,11 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="10 calls, one round (a test)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--texts-file", help=argparse.SUPPRESS)
-    parser.add_argument("--onnx-dir", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--onnx-path", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         texts = Path(args.texts_file).read_text(encoding="utf-8").splitlines()
-        print(json.dumps(worker(args.worker, texts, args.calls, args.onnx_dir)))
+        print(json.dumps(worker(args.worker, texts, args.calls, args.onnx_path)))
         return
     if args.smoke:
         args.calls, args.rounds = 10, 1
@@ -174,26 +169,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="latency-contention-") as work:
         texts_file = Path(work) / "texts.txt"
         texts_file.write_text("\n".join(short_texts(sentences)) + "\n", encoding="utf-8")
-        onnx_dir = export_onnx()
-        names = [n for n in CONTENDERS if n != "onnxruntime" or onnx_dir]
+        onnx_path = export_onnx()
+        names = [n for n in CONTENDERS if n != "onnxruntime" or onnx_path]
         for condition in ("quiet", "busy"):
             seconds[condition] = {n: [] for n in names}
             for round_index in range(args.rounds):
                 for name in rotated(names, round_index):
                     load = busy_processes(args.busy, 600) if condition == "busy" else contextlib.nullcontext()
                     with load:
-                        seconds[condition][name] += run_one(name, texts_file, args.calls, onnx_dir or "")
+                        seconds[condition][name] += run_one(name, texts_file, args.calls, onnx_path or "")
                     print(f"{condition} round {round_index + 1} {name:22s} p50 "
-                          f"{1e3 * percentile(seconds[condition][name], 0.5):.2f} ms", flush=True)
-    rows = {condition: {name: {"p50_ms": 1e3 * percentile(v, 0.5), "p90_ms": 1e3 * percentile(v, 0.9),
-                               "p99_ms": 1e3 * percentile(v, 0.99), "calls": len(v)} for name, v in per.items()}
+                          f"{1e3 * float(np.percentile(seconds[condition][name], 50)):.2f} ms", flush=True)
+    rows = {condition: {name: {"p50_ms": 1e3 * float(np.percentile(v, 50)), "p90_ms": 1e3 * float(np.percentile(v, 90)),
+                               "p99_ms": 1e3 * float(np.percentile(v, 99)), "calls": len(v)} for name, v in per.items()}
             for condition, per in seconds.items()}
     goals = verdicts(rows)
     for goal in goals:
         print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'NOT MET'}")
     write_result("latency_contention", {"calls": args.calls, "rounds": args.rounds, "busy_processes": args.busy,
                                         "rows": rows, "goals": goals,
-                                        "onnxruntime": onnx_dir is not None})
+                                        "onnxruntime": onnx_path is not None})
 
 
 def render(r: dict[str, Any]) -> list[str]:

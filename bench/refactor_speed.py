@@ -101,15 +101,12 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def finetune_step(args: argparse.Namespace) -> float:
-    """Seconds per training step of one fine-tuning run on the first ``args.finetune_rows`` rows of SST-2 (the API
-    both versions share: ``finetune(task, train, out_dir, valid=, model=, recipe=)``)."""
+    """Seconds per training step of one fine-tuning run on the SST-2 rows the parent wrote into ``args.sst2`` (the
+    API both versions share: ``finetune(task, train, out_dir, valid=, model=, recipe=)``)."""
     from encoderkit.training.finetune import Recipe, finetune
 
-    rows = Path(args.sst2).read_text(encoding="utf-8").splitlines()
+    train, valid = Path(args.sst2) / "train.tsv", Path(args.sst2) / "valid.tsv"  # written once by the parent
     with tempfile.TemporaryDirectory(prefix="refactor-finetune-") as work:
-        train, valid = Path(work) / "train.tsv", Path(work) / "valid.tsv"
-        train.write_text("\n".join(rows[:1 + args.finetune_rows]) + "\n", encoding="utf-8")
-        valid.write_text("\n".join(rows[:1] + rows[-64:]) + "\n", encoding="utf-8")
         recipe = Recipe(epochs=1, batch_size=32, max_length=64, group_by_length=False, show_progress=False,
                         save_steps=10**9, seed=42)
         result = finetune("classify", train, Path(work) / "out", valid=valid, model=args.model, recipe=recipe)
@@ -191,6 +188,15 @@ def first_lines(sentences: Path, scratch: Path) -> Path:
     copy = scratch / "sentences.txt"
     copy.write_text("\n".join(sentences.read_text(encoding="utf-8").splitlines()[:16]) + "\n", encoding="utf-8")
     return copy
+
+
+def sst2_files(train: Path, rows: int, scratch: Path) -> Path:
+    """``scratch`` holding train.tsv (the header and the first ``rows`` rows of SST-2's train.tsv) and valid.tsv (its
+    last 64): the fine-tuning data both versions read."""
+    lines = train.read_text(encoding="utf-8").splitlines()
+    (scratch / "train.tsv").write_text("\n".join(lines[:1 + rows]) + "\n", encoding="utf-8")
+    (scratch / "valid.tsv").write_text("\n".join(lines[:1] + lines[-64:]) + "\n", encoding="utf-8")
+    return scratch
 
 
 def cpu_flags() -> dict[str, bool]:
@@ -280,7 +286,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
     shared = Path(args.shared) if args.shared else SHARED
     sentences = require(shared / "bench" / "sentences.txt")
-    args.sst2 = require(shared / "data" / "sst2" / "train.tsv") if args.finetune_rows else ""
+    sst2 = require(shared / "data" / "sst2" / "train.tsv") if args.finetune_rows else None
     steps: dict[str, list[float]] = {"before": [], "after": []}
     step_ratios: list[float] = []
     after_src = Path(args.after_src).resolve() if args.after_src else ROOT / "src"
@@ -292,6 +298,7 @@ def main() -> None:
         if args.model:
             args.model = str(widened(Path(args.model), Path(scratch)))
         sentences = first_lines(sentences, Path(scratch))
+        args.sst2 = sst2_files(sst2, args.finetune_rows, Path(scratch)) if sst2 else ""
         texts = len(sentences.read_text(encoding="utf-8").splitlines())
         sources = {"before": before_src, "after": after_src}
         revisions = dict(zip(sources, args.revisions)) if args.revisions else \

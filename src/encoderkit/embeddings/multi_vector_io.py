@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, InputError
+from ..io.st_format import CONFIG_FILE, MODULE_TYPE
 
-CONFIG_FILE = "config_sentence_transformers.json"
 DENSE_DIR = "{}_Dense"
 DENSE_TYPE = "pylate.models.Dense.Dense"
-TRANSFORMER_TYPE = "sentence_transformers.models.Transformer"
+TRANSFORMER_TYPE = MODULE_TYPE.format("Transformer")
 IDENTITY = "torch.nn.modules.linear.Identity"
 
 

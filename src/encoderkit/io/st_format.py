@@ -41,7 +41,8 @@ assert set(_ST_POOLING) == set(POOLING_MODES)
 
 POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"
-_MODULE_TYPE = "sentence_transformers.models.{}"
+MODULE_TYPE = "sentence_transformers.models.{}"
+CONFIG_FILE = "config_sentence_transformers.json"  # versions, prompts, the similarity function
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def read_sentence_transformer(root: Path) -> tuple[Path, SentenceTransformerInfo
 def read_prompts(root: Path) -> tuple[dict[str, str], str | None]:
     """``prompts`` and ``default_prompt_name`` of a directory's config_sentence_transformers.json (none: {}, None);
     a default that names no prompt, or prompts that are not strings, are a ConfigError."""
-    path = root / "config_sentence_transformers.json"
+    path = root / CONFIG_FILE
     if not path.is_file():
         return {}, None
     config = _read_json(path)
@@ -152,7 +153,7 @@ def write_sentence_transformer(directory: str | Path, *, pooling: str, normalize
 
     modules = [("Transformer", ""), ("Pooling", POOLING_DIR)] + ([("Normalize", NORMALIZE_DIR)] if normalize else [])
     _write_json(directory / "modules.json", [
-        {"idx": index, "name": str(index), "path": path, "type": _MODULE_TYPE.format(kind)}
+        {"idx": index, "name": str(index), "path": path, "type": MODULE_TYPE.format(kind)}
         for index, (kind, path) in enumerate(modules)
     ])
     _write_json(directory / "sentence_bert_config.json",
@@ -165,7 +166,7 @@ def write_sentence_transformer(directory: str | Path, *, pooling: str, normalize
     })
     if normalize:
         (directory / NORMALIZE_DIR).mkdir(exist_ok=True)
-    _write_json(directory / "config_sentence_transformers.json", {
+    _write_json(directory / CONFIG_FILE, {
         "__version__": _versions(), "default_prompt_name": default_prompt_name, "model_type": "SentenceTransformer",
         "prompts": dict(prompts or {}), "similarity_fn_name": similarity_fn_name,
     }, sort_keys=True)
@@ -252,7 +253,7 @@ def write_sparse_encoder(directory: str | Path, *, pooling: str, activation: str
     (directory / SPLADE_POOLING_DIR).mkdir(exist_ok=True)
     _write_json(directory / SPLADE_POOLING_DIR / "config.json",
                 {"pooling_strategy": pooling, "activation_function": activation, "word_embedding_dimension": None})
-    _write_json(directory / "config_sentence_transformers.json", {
+    _write_json(directory / CONFIG_FILE, {
         "__version__": _versions(), "default_prompt_name": default_prompt_name, "model_type": "SparseEncoder",
         "prompts": dict(prompts or {}), "similarity_fn_name": "dot",
     }, sort_keys=True)

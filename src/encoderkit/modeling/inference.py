@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -363,20 +363,6 @@ def _wants_grad(module: nn.Module, x: torch.Tensor) -> bool:
     return module.training or (torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad))
 
 
-class _FusedQKV:
-    """query, key and value as one pre-packed projection (no module: nothing new in the state dict)."""
-
-    def __init__(self, attention: nn.Module, dtype: torch.dtype, int8_name: str | None = None) -> None:
-        self.attention = attention
-        weights = [attention.query.weight, attention.key.weight, attention.value.weight]
-        biases = [attention.query.bias, attention.key.bias, attention.value.bias]
-        self.prepacked = Prepacked(weights, biases, dtype) if int8_name is None else \
-            Int8Prepacked(weights, biases, int8_name)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.prepacked(x)
-
-
 class InferencePlan:
     """What ``for_inference`` prepared for one encoder: the compute dtype, whether its layers run in int8, each
     linear layer's pre-packed product (``Prepacked`` or ``Int8Prepacked``, found by its module), the fused
@@ -384,11 +370,11 @@ class InferencePlan:
     (``native``: made by ``encoderkit.native`` at the first batch that takes it; ``native_checked``: the kernel was
     asked and does not apply). The layers reach every speed-up through it; the modules are never changed."""
 
-    def __init__(self, dtype: torch.dtype, int8: bool) -> None:
-        self.dtype, self.int8 = dtype, int8
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
         self._by_module: dict[int, tuple[nn.Module, Prepacked]] = {}  # id(linear) -> (the linear, its product)
         self._projections: dict[int, tuple[nn.Module, Any]] = {}  # id(attention) -> (attention, fused projection)
-        self.ordered: list[Prepacked] = []  # the products inference runs, in layer order (``products``)
+        self.ordered: list[Prepacked] = []  # the products inference runs, in layer order
         self.layers: list[dict[str, Prepacked]] = []  # per layer: qkv, output, ffn_in, ffn_out (the native kernel's)
         self.native: Any = None
         self.native_checked = False
@@ -418,9 +404,6 @@ class InferencePlan:
         if projection is None or _wants_grad(attention.query, x):
             return None
         return projection(x)
-
-    def products(self) -> Iterator[Prepacked]:
-        return iter(self.ordered)
 
 
 def apply_linear(plan: InferencePlan | None, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -455,9 +438,10 @@ def plus_product(plan: InferencePlan | None, residual: torch.Tensor, linear: nn.
     return residual + (out if dropout is None else dropout(out)).to(residual.dtype)
 
 
-def _product(module: nn.Module, dtype: torch.dtype, int8_name: str | None) -> Prepacked:
-    return Prepacked([module.weight], [module.bias], dtype) if int8_name is None else \
-        Int8Prepacked([module.weight], [module.bias], int8_name)
+def _product(linears: Sequence[nn.Module], dtype: torch.dtype, int8_name: str | None) -> Prepacked:
+    """One pre-packed product of ``linears`` side by side (query, key and value as one), int8 where named."""
+    weights, biases = [m.weight for m in linears], [m.bias for m in linears]
+    return Prepacked(weights, biases, dtype) if int8_name is None else Int8Prepacked(weights, biases, int8_name)
 
 
 def for_inference(model: nn.Module, dtype: torch.dtype = torch.float32, *, int8: bool = False,
@@ -475,8 +459,12 @@ def for_inference(model: nn.Module, dtype: torch.dtype = torch.float32, *, int8:
     if int8 and dtype != torch.float32:
         raise InputError("int8 linear layers run with the rest of the model in fp32, not in bf16")
     encoder = getattr(model, "encoder", model)
-    plan = InferencePlan(dtype, int8)
+    plan = InferencePlan(dtype)
     known = set()
+
+    def int8_name(full: str) -> str | None:  # the layer's name where it runs in int8
+        return full if int8 and full not in fp32_layers else None
+
     for index, layer in enumerate(encoder.layers):
         attention = layer.attention
         separate = () if hasattr(attention, "qkv") else (attention.query, attention.key, attention.value)
@@ -485,20 +473,20 @@ def for_inference(model: nn.Module, dtype: torch.dtype = torch.float32, *, int8:
             if isinstance(module, nn.Linear):
                 full = f"layers.{index}.{name}"
                 if any(module is m for m in separate):  # inference runs them fused, as attention.qkv below
-                    plan.add(module, _product(module, dtype, None))
+                    plan.add(module, _product([module], dtype, None))
                     continue
                 known.add(full)
-                named[name] = _product(module, dtype, full if int8 and full not in fp32_layers else None)
+                named[name] = _product([module], dtype, int8_name(full))
                 plan.add(module, named[name])
         fused = None
         if separate:
             full = f"layers.{index}.attention.qkv"
             known.add(full)
-            fused = _FusedQKV(attention, dtype, full if int8 and full not in fp32_layers else None)
+            fused = _product(separate, dtype, int8_name(full))  # one pre-packed projection of the three
             plan.set_projection(attention, fused)
-            plan.ordered.append(fused.prepacked)
+            plan.ordered.append(fused)
         plan.ordered += named.values()
-        plan.layers.append({"qkv": fused.prepacked if fused else plan.product_of(attention.qkv),
+        plan.layers.append({"qkv": fused if fused is not None else plan.product_of(attention.qkv),
                             "output": plan.product_of(attention.output), "ffn_in": plan.product_of(layer.ffn_in),
                             "ffn_out": plan.product_of(layer.ffn_out)})
     unknown = sorted(set(fp32_layers) - known)
@@ -518,7 +506,7 @@ def _products(model: nn.Module) -> Iterator[Prepacked]:
     """The packed products inference runs, in layer order: the fused query/key/value projection where there is one
     (then not its three separate layers, which inference never calls), and the other packed linear layers."""
     plan = plan_of(model)
-    return iter(()) if plan is None else plan.products()
+    return iter(()) if plan is None else iter(plan.ordered)
 
 
 def int8_layers(model: nn.Module) -> list[Int8Prepacked]:

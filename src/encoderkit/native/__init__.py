@@ -387,10 +387,17 @@ def _say_once(message: str, *args) -> None:
         log.info(message, *args)
 
 
+def _plan_of(model: nn.Module):
+    """``modeling.inference.plan_of``: the model's InferencePlan, or None."""
+    from ..modeling.inference import plan_of
+
+    return plan_of(model)
+
+
 def kernel_of(model: nn.Module) -> NativeEncoder | None:
     """The native kernel's plan for ``model`` (an encoder, or a task model with one): made at its first batch that
     took the kernel; None before that, or where the kernel does not apply."""
-    inference = getattr(getattr(model, "encoder", model), "inference_plan", None)
+    inference = _plan_of(model)
     plan = None if inference is None else inference.native
     return plan if plan is not None and plan.ran else None
 
@@ -398,14 +405,14 @@ def kernel_of(model: nn.Module) -> NativeEncoder | None:
 def disable(model: nn.Module) -> None:
     """Run the PyTorch layers of ``model`` (an encoder, or a task model with one) from now on, never the native
     kernel (a comparison, a test). ``for_inference`` turns it back on (its new plan asks the kernel again)."""
-    inference = getattr(getattr(model, "encoder", model), "inference_plan", None)
+    inference = _plan_of(model)
     if inference is not None:
         inference.native, inference.native_checked = None, True
 
 
 def reset(model: nn.Module) -> None:
     """Forget the native layout of ``model`` (an encoder, or a task model with one): made again at its next call."""
-    inference = getattr(getattr(model, "encoder", model), "inference_plan", None)
+    inference = _plan_of(model)
     if inference is not None:
         inference.native, inference.native_checked = None, False
 

@@ -39,6 +39,7 @@ class _Size:
 
     def __init__(self) -> None:
         self.seconds: dict[int, deque[float]] = {}
+        self.medians: dict[int, float] = {}  # each team's median, made when a call is recorded (not at each pick)
         self.choice: int | None = None
         self.calls = 0
         self.next_probe = PROBE_FIRST
@@ -68,8 +69,7 @@ class TeamSize:
             for threads in (wanted, 1):  # measure each first: the whole team, then one thread
                 if len(size.seconds.get(threads, ())) < 2:
                     return threads
-            medians = {t: statistics.median(size.seconds[t]) for t in (wanted, 1)}
-            best = wanted if medians[wanted] < TEAM_MARGIN * medians[1] else 1
+            best = wanted if size.medians[wanted] < TEAM_MARGIN * size.medians[1] else 1
             if size.choice is not None and best != size.choice:  # the choice changed: probe soon again
                 size.distance = PROBE_FIRST
                 size.next_probe = size.calls + PROBE_FIRST
@@ -89,17 +89,19 @@ class TeamSize:
             if threads not in size.cold:
                 size.cold.add(threads)
                 return
-            chosen = size.seconds.get(size.choice) if size.choice is not None else None
-            if threads != size.choice and chosen and seconds < statistics.median(chosen):
+            chosen = size.medians.get(size.choice) if size.choice is not None else None
+            if threads != size.choice and chosen is not None and seconds < chosen:
                 # a probe beat the choice: the machine may have changed, so probe again soon
                 size.distance, size.next_probe = PROBE_FIRST, size.calls + PROBE_FIRST
-            size.seconds.setdefault(threads, deque(maxlen=WINDOW)).append(seconds)
+            window = size.seconds.setdefault(threads, deque(maxlen=WINDOW))
+            window.append(seconds)
+            size.medians[threads] = statistics.median(window)
 
     def estimates(self) -> dict[tuple[int, int], float]:
         """(size class, threads) -> the median seconds of its recent calls (a test, a benchmark's report)."""
         with self._lock:
-            return {(key, threads): statistics.median(window) for key, size in self._sizes.items()
-                    for threads, window in size.seconds.items() if window}
+            return {(key, threads): median for key, size in self._sizes.items()
+                    for threads, median in size.medians.items()}
 
 
 __all__ = ["PROBE_FIRST", "PROBE_MOST", "TEAM_MARGIN", "TeamSize", "WINDOW"]
