@@ -33,6 +33,9 @@ $(VENV)/.installed-test: $(VENV)/.installed
 # OpenVINO, CTranslate2, datasets); then `python -m bench list`, `python -m bench run NAME`, `python -m bench report`.
 $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(PIP) install -c constraints.txt -e '.[ann,bench]'
+	# fastembed (bench/peers.py's rows) pins huggingface_hub < 2, which transformers 5 cannot use; it needs the hub
+	# only to download, and peers.py hands it a local folder: so without its dependencies, and the three it adds
+	$(PIP) install --no-deps fastembed==0.9.1 loguru==0.7.3 mmh3==5.3.1 py_rust_stemmers==0.1.8
 	touch $@
 
 bench: $(VENV)/.installed-bench

@@ -14,7 +14,8 @@ thread, CTranslate2's inter_threads=2), since encoderkit's default runs two lane
 better of the two. Contenders: sentence-transformers (torch fp32, and bf16 where the CPU has bf16 units); ONNX
 Runtime on the plain export, on the graph fused by its BERT optimizer (optimum's O2) and with GELU approximated
 (O3), and dynamically quantised to int8; OpenVINO f32, its default precision (bf16 where native) and int8 by
-NNCF's post-training quantisation; CTranslate2 float32 and int8; encoderkit fp32, bf16, auto and int8.
+NNCF's post-training quantisation; CTranslate2 float32 and int8; fastembed (Qdrant's ONNX Runtime
+wrapper: one session, and its data-parallel worker processes); encoderkit fp32, bf16, auto and int8.
 
 Every runtime runs in a process of its own, the processes taking turns over 3 rounds (the first of each round
 rotating): thread pools spinning beside one another distort a shared process (13 runtimes in one process took
@@ -33,8 +34,8 @@ tools/fetch_all_mpnet_base_v2.py), written as peers_<directory name>.json, with 
 no MPNet converter) is listed as not available with the reason. ``--texts N`` times the first N texts (a model
 eight times MiniLM's size takes eight times as long a turn).
 
-Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2); writes bench/results/peers.json and
-bench/results/peers_profile.json / peers_profile.txt. Exports and conversions are cached in bench/.cache/peers.
+Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2) and fastembed (`make bench` installs
+them); writes bench/results/peers.json and bench/results/peers_profile.json / peers_profile.txt. Exports and conversions are cached in bench/.cache/peers.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -421,6 +423,63 @@ def ct2_contender(name: str, compute_type: str, model_path: Path, tokenizer: Pee
                      details, acquire=acquire, release=held.clear, mode="throughput" if throughput else "latency")
 
 
+FASTEMBED_NAMES = ("fastembed", "fastembed, throughput")
+
+
+def fastembed_name(model_dir: Path) -> str | None:
+    """The name fastembed's registry gives ``model_dir``'s model (sentence-transformers/<name>), or None where it has
+    none: its parallel workers, fresh processes, load only models of its registry."""
+    from fastembed import TextEmbedding
+
+    from encoderkit import default_model_path
+
+    own = "all-MiniLM-L6-v2" if model_dir.resolve() == default_model_path().resolve() else model_dir.name
+    name = f"sentence-transformers/{own}"
+    return name if name in {d["model"] for d in TextEmbedding.list_supported_models()} else None
+
+
+def fastembed_folder(model_dir: Path, plain: Path) -> Path:
+    """The local folder fastembed loads (``specific_model_path``; nothing is downloaded): the plain ONNX export (the
+    model Qdrant publishes for fastembed is a plain export too) and the model's tokenizer files, with
+    tokenizer_config.json's model_max_length set to MAX_LENGTH, the truncation every row here takes (fastembed
+    reads it from there, in its workers too)."""
+    folder = PEER_CACHE / "fastembed"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "special_tokens_map.json", "config.json"):
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, folder / name)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"model_max_length": MAX_LENGTH}),
+                                                  encoding="utf-8")
+    if not (folder / "model.onnx").is_file():
+        shutil.copyfile(plain, folder / "model.onnx")
+    return folder
+
+
+def fastembed_contender(name: str, model_name: str, folder: Path, notes: str, throughput: bool = False) -> Contender:
+    """fastembed's TextEmbedding (ONNX Runtime underneath; its own tokenizer, mean pooling and normalisation).
+    Latency mode: one session of THREADS threads, length-sorted batches of 32 through ``embed``. Throughput mode:
+    ``embed(..., parallel=THREADS)``, fastembed's data-parallel encoding (as many worker processes of one thread,
+    started by each call, as its docs use it), on the texts sorted by length (the sorting others get too)."""
+    from fastembed import TextEmbedding
+
+    model = TextEmbedding(model_name, specific_model_path=str(folder), threads=THREADS, lazy_load=throughput)
+
+    def embed_batch(texts: list[str]) -> np.ndarray:
+        return np.stack(list(model.embed(texts, batch_size=BATCH)))
+
+    def in_workers(texts: list[str]) -> np.ndarray:
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
+        out[order] = np.stack(list(model.embed([texts[i] for i in order], batch_size=BATCH, parallel=THREADS)))
+        return out
+    details = {"threads": 1 if throughput else THREADS, "parallel": THREADS if throughput else None,
+               "onnx": "model.onnx (plain export)"}
+    return Contender(name, "fp32", in_workers if throughput else in_sorted_batches(embed_batch),
+                     lambda text: embed_batch([text])[0], notes, details,
+                     mode="throughput" if throughput else "latency")
+
+
 # ---------------------------------------------------------------------------------------------
 # encoderkit and sentence-transformers
 # ---------------------------------------------------------------------------------------------
@@ -582,6 +641,22 @@ def build_contenders(model_dir: Path, skip: set[str],
                     f"nncf.quantize (transformer preset, 300 calibration texts); {streams}", throughput=True,
                     kind="int8")),
             ]
+    if plain is not None and installed("fastembed", "fastembed", missing):
+        known = fastembed_name(model_dir)
+        if known is None:
+            for label in FASTEMBED_NAMES:
+                missing[label] = ("fastembed's registry has no sentence-transformers/" + model_dir.name +
+                                  " (its parallel workers load registered models only)")
+        elif any(wanted(name) for name in FASTEMBED_NAMES):
+            folder = fastembed_folder(model_dir, plain)
+            peers += [
+                ("fastembed", lambda: fastembed_contender(
+                    "fastembed", known, folder, f"TextEmbedding({known!r}, threads={THREADS}), embed(batch_size=32)")),
+                ("fastembed, throughput", lambda: fastembed_contender(
+                    "fastembed, throughput", known, folder,
+                    f"embed(batch_size=32, parallel={THREADS}): {THREADS} worker processes of 1 thread",
+                    throughput=True)),
+            ]
     model_type = model_config(model_dir).get("model_type")
     if model_type not in CT2_MODEL_TYPES:
         missing["CTranslate2"] = f"its converter has no loader for model_type {model_type!r}"
@@ -617,7 +692,8 @@ ALL_NAMES = (
     "ONNX Runtime O3, throughput", "ONNX Runtime int8 (dynamic)", "ONNX Runtime int8 (dynamic), throughput",
     "OpenVINO f32", "OpenVINO f32, throughput", "OpenVINO default precision", "OpenVINO default precision, throughput",
     "OpenVINO int8 (NNCF)", "OpenVINO int8 (NNCF), throughput", "CTranslate2 float32",
-    "CTranslate2 float32, throughput", "CTranslate2 int8", "CTranslate2 int8, throughput")
+    "CTranslate2 float32, throughput", "CTranslate2 int8", "CTranslate2 int8, throughput", "fastembed",
+    "fastembed, throughput")
 
 
 def planned(model_dir: Path, skip: set[str]) -> tuple[list[str], dict[str, str]]:

@@ -73,6 +73,30 @@ def test_ctranslate2_contender_equals_sentence_transformers(peers, minilm_dir, t
         assert len(os.listdir("/proc/self/task")) <= threads
 
 
+def test_fastembed_contenders_equal_sentence_transformers(peers, minilm_dir, texts, reference):
+    """fastembed from the local folder peers.py makes (nothing downloaded), in its latency mode and in its worker
+    processes: sentence-transformers' vectors in input order, the text past 256 tokens truncated as the model's
+    max_seq_length says."""
+    pytest.importorskip("fastembed")
+    name = peers.fastembed_name(minilm_dir)
+    assert name == "sentence-transformers/all-MiniLM-L6-v2"
+    folder = peers.fastembed_folder(minilm_dir, peers.export_onnx(minilm_dir))
+    many = texts * 2  # more batches of 32 than worker processes
+    for throughput in (False, True):
+        contender = peers.fastembed_contender("fastembed", name, folder, "", throughput=throughput)
+        assert contender.mode == ("throughput" if throughput else "latency")
+        with contender.turn():
+            assert np.abs(contender.encode(many) - np.concatenate([reference] * 2)).max() < 1e-5
+    assert np.abs(contender.one(texts[1]) - reference[1]).max() < 1e-5
+
+
+def test_a_model_fastembed_does_not_register_is_not_available(peers, tmp_path):
+    pytest.importorskip("fastembed")
+    other = tmp_path / "all-mpnet-base-v2"
+    other.mkdir()
+    assert peers.fastembed_name(other) is None
+
+
 def test_unknown_encoderkit_dtype_is_not_available(peers, minilm_dir):
     from encoderkit import Embedder
 
