@@ -35,7 +35,8 @@ no MPNet converter) is listed as not available with the reason. ``--texts N`` ti
 eight times MiniLM's size takes eight times as long a turn).
 
 Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2) and fastembed (`make bench` installs
-them); writes bench/results/peers.json and bench/results/peers_profile.json / peers_profile.txt. Exports and conversions are cached in bench/.cache/peers.
+them); writes bench/results/peers.json and bench/results/peers_profile.json / peers_profile.txt. Exports and
+conversions are cached in bench/.cache/peers.
 """
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ class Entry:
 BENCH_EXTRA = ("onnxruntime", "onnx", "openvino", "nncf", "ctranslate2")
 ENTRIES = (
     Entry("encode", "speed", "Encoding speed: encoderkit against sentence-transformers and transformers"),
-    Entry("peers", "speed", "encoderkit against ONNX Runtime, OpenVINO and CTranslate2: throughput and latency",
+    Entry("peers", "speed",
+          "encoderkit against ONNX Runtime, OpenVINO, CTranslate2 and fastembed: throughput and latency",
           modules=BENCH_EXTRA, renders=("peers", "peers_profile")),
     Entry("int8", "speed", "int8 inference: encoderkit against CTranslate2 int8"),  # it skips CTranslate2 itself
     Entry("latency_floor", "speed", "How low PyTorch can go for one short text, taken apart",
