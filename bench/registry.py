@@ -64,6 +64,8 @@ ENTRIES = (
     Entry("latency_floor", "speed", "How low PyTorch can go for one short text, taken apart",
           modules=("onnxruntime", "onnx")),
     Entry("native_phases", "speed", "Where the native kernel's time goes for one short text"),
+    Entry("int8_lengths", "speed", "Which int8 batches the native kernel takes: it against PyTorch's int8 by length",
+          renders=("int8_lengths",)),
     Entry("latency_contention", "speed", "Single-text latency beside busy processes: the kernel's team size"),
     Entry("refactor_speed", "speed", "Embedding speed before and after a refactor, both versions in one run"),
     Entry("long_context", "speed", "Long context: a ModernBERT-base shape from 512 to 8,192 tokens", needs=()),

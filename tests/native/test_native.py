@@ -99,6 +99,18 @@ def test_native_states_equal_transformers(family, tmp_path):
     assert plan.native_embeddings == (family in ("bert", "roberta", "xlm-roberta", "camembert", "distilbert"))
 
 
+def test_native_attention_over_longer_sequences_equals_transformers(tmp_path):
+    """The kernel's softmax in vectors over rows of keys: a whole number of vectors (32, 64 keys), and rows with
+    columns past the last key (45 and 19 keys), whose probabilities must be 0, up to MAX_TOKENS."""
+    config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=128)
+    engine = engine_for(model, "fp32")
+    for lengths in ([native.MAX_TOKENS], [32, 32], [45, 19]):
+        ids, types = sequences(config, lengths, seed=len(lengths))
+        assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types),
+                      f"lengths {lengths}")
+    assert native.kernel_of(model) is not None, "the native kernel did not run"
+
+
 def test_a_relative_position_bias_stays_on_pytorch(tmp_path):
     """MPNet's layers add a bias the kernel's attention has no place for: it declines them, with the reason, and
     the engine's states still equal transformers'."""
@@ -435,6 +447,16 @@ def test_int8_the_kernel_cannot_sum_runs_small_batches_in_fp32(kernel, tmp_path,
     engine_states(int8_engine, *small)  # the PyTorch layers, which observe
 
 
+def test_int8_length_limit_follows_the_kernels_int8_products(monkeypatch):
+    """Exact 8-bit sums (VNNI) take int8 batches of sequences up to 256 tokens, pair sums (AVX2, AVX512BW) up to 64,
+    a kernel without int8 products the shorter of the two (its batches run in fp32 up to MAX_TOKENS anyway)."""
+    from encoderkit.precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
+
+    for limit, length in ((EXACT_WEIGHT_LEVELS, 256), (PAIR_SUM_WEIGHT_LEVELS, 64), (0, 64)):
+        monkeypatch.setattr(native, "int8_weight_limit", lambda limit=limit: limit)
+        assert native.int8_max_length() == length
+
+
 @needs_int8
 def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch, kernel_codes):
     """int8 batches beyond MAX_TOKENS whose sequences are all short run natively (fp32 ones do not), with the
@@ -443,7 +465,7 @@ def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch, ker
     from encoderkit.precision import Precision
 
     monkeypatch.setattr(native, "INT8_MAX_TOKENS", 120)
-    monkeypatch.setattr(native, "INT8_MAX_LENGTH", 16)
+    monkeypatch.setattr(native, "int8_max_length", lambda: 16)
     config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=64)
     engine = Engine(model, Precision.quantized("task", smoothing=False))
     torch_model = load_model(tmp_path)
@@ -452,7 +474,7 @@ def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch, ker
     fp32_model = load_model(tmp_path)
     fp32_engine = engine_for(fp32_model, "fp32")
     long_ids, long_types = sequences(config, [40, 30])  # 70 tokens
-    engine_states(engine, long_ids, long_types)  # a sequence over INT8_MAX_LENGTH: PyTorch's kernels
+    engine_states(engine, long_ids, long_types)  # a sequence over int8_max_length(): PyTorch's kernels
     engine_states(fp32_engine, *sequences(config, [16] * 6))  # 96 tokens of fp32: PyTorch's kernels
     assert native.kernel_of(model) is None and native.kernel_of(fp32_model) is None
     ids, types = sequences(config, [16, 15, 12, 9, 16, 14, 11, 3], seed=6)  # 96 tokens, none over 16

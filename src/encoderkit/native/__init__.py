@@ -20,7 +20,7 @@ these hold: the model was prepared by ``for_inference`` (in fp32, int8 layers or
 on the CPU with no gradient, returns only its last states, its layers are post-norm with absolute positions (BERT,
 RoBERTa, DistilBERT, ALBERT, ELECTRA; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReLU, and
 the batch has at most ``MAX_TOKENS`` tokens packed in row order (int8: at most ``INT8_MAX_TOKENS``, each sequence at
-most ``INT8_MAX_LENGTH``). Everything else runs the PyTorch layers as before.
+most ``int8_max_length()``). Everything else runs the PyTorch layers as before.
 
 bf16 (``dtype="bf16"``, and ``"auto"`` where it means bf16): batches of at most ``MAX_TOKENS`` tokens run here too,
 in fp32, from the fp32 parameters (for_inference keeps them beside its bf16 packs): at this size the kernel's fp32
@@ -68,10 +68,13 @@ _VERSION = operator.attrgetter("_version")
 # Batches of at most this many tokens take the native kernel, where it beat the PyTorch layers (bench/native_phases.py).
 # Its attention is a plain loop per sequence and head, quadratic in the length: longer inputs stay on PyTorch's kernels.
 MAX_TOKENS = 64
-# int8: batches of at most INT8_MAX_TOKENS tokens whose sequences have at most INT8_MAX_LENGTH tokens each, where the
-# kernel beat PyTorch's int8 kernels; with longer sequences its attention loop lost (bench/native_phases.py). In fp32
-# it lost from a few hundred tokens on, hence MAX_TOKENS.
-INT8_MAX_TOKENS, INT8_MAX_LENGTH = 2048, 64
+# int8: batches of at most INT8_MAX_TOKENS tokens whose sequences have at most int8_max_length() tokens each, where the
+# kernel beat PyTorch's int8 kernels. That length depends on the kernel's int8 products (INT8_MAX_LENGTHS, by the
+# largest weight code they sum exactly): with VNNI's exact 8-bit sums the kernel was the faster one up to the longest
+# sequences an embedding model usually takes; where it adds pairs of products in 16 bits (AVX2, AVX512BW) only up to
+# short ones (bench/int8_lengths.py, BENCHMARKS.md). In fp32 it lost from a few hundred tokens on, hence MAX_TOKENS.
+INT8_MAX_TOKENS = 2048
+INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
 ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
 def sum_of_squares(tensors: list[torch.Tensor]) -> float | None:
@@ -105,6 +108,12 @@ def int8_weight_limit() -> int:
     products in 16 bits (AVX2, AVX512BW), 0 where it has no int8 product."""
     lib = library()
     return {0: 0, 1: EXACT_WEIGHT_LEVELS, 2: PAIR_SUM_WEIGHT_LEVELS}[lib.ek_int8()] if lib is not None else 0
+
+
+def int8_max_length() -> int:
+    """The longest sequence an int8 batch of more than ``MAX_TOKENS`` tokens may hold to run on the kernel, by the
+    kernel's int8 products here (``INT8_MAX_LENGTHS``)."""
+    return INT8_MAX_LENGTHS.get(int8_weight_limit(), min(INT8_MAX_LENGTHS.values()))
 
 
 def int8_available() -> bool:
@@ -338,7 +347,7 @@ def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bia
 
 def _fits(plan: NativeEncoder, tokens: int, packing) -> bool:
     """Whether a batch of ``tokens`` laid out by ``packing`` is one the kernel is faster on (``MAX_TOKENS``)."""
-    return tokens <= MAX_TOKENS or (bool(plan.int8) and packing.max_length <= INT8_MAX_LENGTH)
+    return tokens <= MAX_TOKENS or (bool(plan.int8) and packing.max_length <= int8_max_length())
 
 
 # The inference dtypes whose small batches take the kernel (in fp32: see the module doc for bf16's).
@@ -417,5 +426,5 @@ def reset(model: nn.Module) -> None:
         inference.native, inference.native_checked = None, False
 
 
-__all__ = ["INT8_MAX_LENGTH", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available",
-           "int8_product", "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]
+__all__ = ["INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available",
+           "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]

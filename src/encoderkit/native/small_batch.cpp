@@ -309,8 +309,8 @@ struct Attention {
 // Queries a block of QB at a time, so that QB sums are in flight at once (one query's dot products form a chain of
 // dependent multiply-adds): the scores against a vector of keys at a time, from the keys transposed (dim, keys); the
 // probabilities times the values a vector of dimensions at a time. A block past the last query repeats it (its
-// results are not stored). On all-MiniLM-L6-v2 (12 tokens, Cascade Lake, 2 threads) the attention of the six layers
-// took 0.18 ms one query at a time.
+// results are not stored). The softmax runs a row at a time in vectors (below): a row's maximum and sum as one
+// scalar chain each cost about as much as both products at a few hundred keys (bench/native_attention.py).
 constexpr int QB = 4;
 
 void attention_part(const Attention& a, int part, int parts) {
@@ -347,15 +347,26 @@ void attention_part(const Attention& a, int part, int parts) {
         for (int b = 0; b < QB; b++) storeu(S + (size_t)(i0 + b) * columns + j, acc[b] * a.scale);
       }
     }
+    // softmax a row at a time, in vectors: the columns past the last key are -inf (probability 0), the maximum is
+    // exact in any order, and the sum is taken in VW lanes (a dependent chain a lane, not one for the row)
     for (int i = 0; i < n; i++) {
       float* row = S + (size_t)i * columns;
-      float top = row[0];
-      for (int j = 1; j < n; j++) top = std::max(top, row[j]);
-      for (int j = 0; j < columns; j += VW) storeu(row + j, vexp(loadu(row + j) - top));
-      float total = 0.0f;
-      for (int j = 0; j < n; j++) total += row[j];
-      const float inverse = 1.0f / total;
-      for (int j = 0; j < n; j++) row[j] *= inverse;
+      for (int j = n; j < columns; j++) row[j] = -__builtin_inff();
+      vf top = loadu(row);
+      for (int j = VW; j < columns; j += VW) {
+        const vf x = loadu(row + j);
+        top = x > top ? x : top;
+      }
+      const float m = horizontal_max(top);
+      vf lanes = splat(0.0f);
+      for (int j = 0; j < columns; j += VW) {
+        const vf x = loadu(row + j);
+        const vf e = x == -__builtin_inff() ? splat(0.0f) : vexp(x - m);
+        storeu(row + j, e);
+        lanes += e;
+      }
+      const float inverse = 1.0f / horizontal_sum(lanes);
+      for (int j = 0; j < columns; j += VW) storeu(row + j, loadu(row + j) * inverse);
     }
     for (int i0 = 0; i0 < n; i0 += QB) {
       const int count = std::min(QB, n - i0);
