@@ -362,3 +362,26 @@ def test_length_grouping_by_steps_and_random_for_qa(tmp_path, tiny, monkeypatch)
     monkeypatch.setattr(finetune, "GROUPED_FROM_STEPS", steps + 1)
     assert trainer("classify", sentiment).config.group_by_length is False
     assert trainer("classify", sentiment, group_by_length=True).config.group_by_length is True
+
+
+@pytest.mark.data
+def test_sst2_features_equal_transformers_tokenizer(tmp_path, minilm_dir) -> None:
+    """The token ids fine-tuning trains on, for the first 4,000 SST-2 sentences at max length 64 (issue 40's budget),
+    are the ids transformers' tokenizer gives the Trainer: the small-budget gap is not in the features."""
+    from conftest import shared_file
+
+    from encoderkit.data.features import classification_features
+    from encoderkit.tokenizer import Tokenizer
+    from encoderkit.training.finetune import task_kind
+
+    lines = shared_file("data", "sst2", "train.tsv").read_text(encoding="utf-8").splitlines()
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(lines[:4001]) + "\n", encoding="utf-8")
+    examples = task_kind("classify").read(train)
+    assert len(examples) == 4000
+    labels = sorted({e.label for e in examples})
+    ours = classification_features(Tokenizer.from_pretrained(minilm_dir), examples, labels, max_length=64)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(minilm_dir))([e.text for e in examples], truncation=True,
+                                                                           max_length=64)
+    assert [f["input_ids"] for f in ours] == theirs["input_ids"]
+    assert [f["token_type_ids"] for f in ours] == theirs["token_type_ids"]
