@@ -426,5 +426,6 @@ def reset(model: nn.Module) -> None:
         inference.native, inference.native_checked = None, False
 
 
-__all__ = ["INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible", "int8_available",
-           "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]
+__all__ = ["INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible",
+           "int8_available", "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of", "library",
+           "native_forward", "reset", "status"]
