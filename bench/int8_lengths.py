@@ -40,18 +40,20 @@ def main() -> None:
     import torch
 
     from encoderkit import Embedder, default_model_path, native
+    from encoderkit.precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
 
     torch.set_num_threads(2)
     texts = require(SHARED / "bench" / "sentences.txt").read_text(encoding="utf-8").splitlines()[:smoke_size(2000, 64)]
     limit_now = native.int8_max_length()
-    tier = {127: "vnni", 63: "pair_sums"}.get(native.int8_weight_limit())
+    key = native.int8_weight_limit()  # this tier's entry of INT8_MAX_LENGTHS
+    tier = {EXACT_WEIGHT_LEVELS: "vnni", PAIR_SUM_WEIGHT_LEVELS: "pair_sums"}.get(key)
     if tier is None:
         raise SystemExit(f"the kernel has no int8 products here: {native.status()}")
     ours = Embedder.from_pretrained(default_model_path(), dtype="int8")
     theirs = Embedder.from_pretrained(default_model_path(), dtype="int8")
-    ours.encode(texts[:32]), theirs.encode(texts[:32])  # the guard's calibration, the kernel's plan
+    for embedder in (ours, theirs):  # the guard's calibration, the kernel's plan
+        embedder.encode(texts[:32])
     native.disable(theirs.engine.encoder)
-    key = native.int8_weight_limit()  # this tier's entry of INT8_MAX_LENGTHS
 
     def batch_of(length: int) -> list[list[int]]:
         """BATCH_TOKENS // length sequences of ``length`` tokens: runs of texts, cut by the tokenizer."""

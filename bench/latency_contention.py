@@ -71,24 +71,12 @@ def worker(name: str, texts: list[str], calls: int, onnx_path: str) -> list[floa
 
 
 def onnx_encoder(onnx_path: str):
-    """One text -> its mean-pooled vector, on ONNX Runtime: bench/peers.py's O3 graph (the BERT optimizer's fusions,
-    GELU approximated) and session (2 intra-op threads, sequential)."""
-    from tokenizers import Tokenizer
-
+    """One text -> its vector on ONNX Runtime: bench/peers.py's contender on its O3 graph (the BERT optimizer's
+    fusions, GELU approximated), session (2 intra-op threads, sequential), tokenizer and pooling."""
     from encoderkit import default_model_path
-    from peers import ort_session
+    from peers import PeerTokenizer, ort_contender
 
-    session = ort_session(Path(onnx_path), threads=2)
-    tokenizer = Tokenizer.from_file(str(next(default_model_path().rglob("tokenizer.json"))))
-    tokenizer.no_padding()  # the file pads every text to 128 tokens; encoderkit runs a text's own tokens
-    names = {i.name for i in session.get_inputs()}
-
-    def encode(text: str):
-        ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-        return session.run(None, {k: v for k, v in feed.items() if k in names})[0].mean(axis=1)
-
-    return encode
+    return ort_contender("ONNX Runtime O3", "fp32", Path(onnx_path), PeerTokenizer(default_model_path()), "").one
 
 
 def export_onnx() -> str | None:
@@ -125,6 +113,11 @@ def run_one(name: str, texts_file: Path, calls: int, onnx_path: str) -> list[flo
     if out.returncode:
         sys.exit(f"{name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ms(seconds: list[float], q: float) -> float:
+    """The ``q``th percentile of ``seconds``, in milliseconds."""
+    return 1e3 * float(np.percentile(seconds, q))
 
 
 def verdicts(rows: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
@@ -179,9 +172,9 @@ def main() -> None:
                     with load:
                         seconds[condition][name] += run_one(name, texts_file, args.calls, onnx_path or "")
                     print(f"{condition} round {round_index + 1} {name:22s} p50 "
-                          f"{1e3 * float(np.percentile(seconds[condition][name], 50)):.2f} ms", flush=True)
-    rows = {condition: {name: {"p50_ms": 1e3 * float(np.percentile(v, 50)), "p90_ms": 1e3 * float(np.percentile(v, 90)),
-                               "p99_ms": 1e3 * float(np.percentile(v, 99)), "calls": len(v)} for name, v in per.items()}
+                          f"{ms(seconds[condition][name], 50):.2f} ms", flush=True)
+    rows = {condition: {name: {"p50_ms": ms(v, 50), "p90_ms": ms(v, 90), "p99_ms": ms(v, 99), "calls": len(v)}
+                        for name, v in per.items()}
             for condition, per in seconds.items()}
     goals = verdicts(rows)
     for goal in goals:

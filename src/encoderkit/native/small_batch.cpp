@@ -310,7 +310,7 @@ struct Attention {
 // dependent multiply-adds): the scores against a vector of keys at a time, from the keys transposed (dim, keys); the
 // probabilities times the values a vector of dimensions at a time. A block past the last query repeats it (its
 // results are not stored). The softmax runs a row at a time in vectors (below): a row's maximum and sum as one
-// scalar chain each cost about as much as both products at a few hundred keys (bench/native_attention.py).
+// scalar chain each cost about as much as both products at a few hundred keys (bench/int8_lengths.py).
 constexpr int QB = 4;
 
 void attention_part(const Attention& a, int part, int parts) {

@@ -9,9 +9,9 @@ sees exactly that.
 
 So each kernel layout keeps, per size of call (its tokens' power of two), the seconds of the last ``WINDOW`` calls
 with the caller's whole team and with one thread, and runs the one whose median is lower (the team only where it is
-clearly lower, ``TEAM_MARGIN``): the median, so that
-neither a lucky fast call nor a descheduled slow one turns the choice, and the choice does not flap between the
-two (each switch back to the team wakes a sleeping thread, which costs most on a busy machine). Now and then it
+clearly lower, ``TEAM_MARGIN``): the median, so that neither a lucky fast call nor a descheduled slow one turns the
+choice, and the choice does not flap between the two (each switch back to the team wakes a sleeping thread, which
+costs most on a busy machine). Now and then it
 runs the other to keep its window fresh, so that it notices when the machine changes: after ``PROBE_FIRST`` calls,
 then at twice the distance each time a probe leaves the choice as it was (up to ``PROBE_MOST``), because on a busy
 machine each probe of the whole team may be one of those slow calls; a probe faster than the choice's median, or a
@@ -89,7 +89,7 @@ class TeamSize:
             if threads not in size.cold:
                 size.cold.add(threads)
                 return
-            chosen = size.medians.get(size.choice) if size.choice is not None else None
+            chosen = size.medians.get(size.choice)  # None before a choice
             if threads != size.choice and chosen is not None and seconds < chosen:
                 # a probe beat the choice: the machine may have changed, so probe again soon
                 size.distance, size.next_probe = PROBE_FIRST, size.calls + PROBE_FIRST
