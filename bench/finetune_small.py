@@ -29,7 +29,10 @@ before either side reads them), ``--shared`` a copy of ../shared's data.
 
     flock -x /tmp/bench.lock python bench/finetune_small.py [--task sst2] [--budgets 2000,4000,16000] [--seeds 5]
         [--contenders transformers,encoderkit,encoderkit-random] [--device cuda] [--model DIR] [--shared DIR]
-        [--smoke]
+        [--extend] [--smoke]
+
+``--extend`` runs only the seeds a budget's earlier section lacks (up to ``--seeds``), for the contenders it has, and
+adds them to it: the section keeps its first run's provenance and lists each extension's (commit, date, seeds).
 """
 from __future__ import annotations
 
@@ -54,14 +57,18 @@ HYPER = dict(batch_size=32, learning_rate=5e-5, warmup_ratio=0.1, weight_decay=0
              adam_eps=1e-8)
 MAX_LENGTH = {"sst2": 64, "conll": 128}
 HELD_OUT = 2000  # SST-2: the file's last rows, the held-out set
-SEEDS = (42, 7, 1234, 2024, 99, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11)  # the first 5 are the goal's; up to 15 for a tighter interval
+# the first 5 are the goal's; more give a tighter interval (``--extend`` adds them to a budget measured before)
+SEEDS = (42, 7, 1234, 2024, 99, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+         25, 26)
 CONTENDERS = ("transformers", "encoderkit")
 VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-torch",
             "encoderkit-carved", "encoderkit-mega8")
 GOAL_SEEDS = 5  # the goal is stated over the first 5 seeds
 GOALS = {"sst2": 0.25, "conll": 0.5}  # points below the Trainer's mean that still meet the goal
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145}  # Student's t, 97.5th percentile, by degrees of freedom
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+         29: 2.045}  # Student's t, 97.5th percentile, by degrees of freedom
 
 
 def sst2_data(work: Path, budget: int, smoke: bool) -> tuple[Path, Path]:
@@ -186,6 +193,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="the all-MiniLM-L6-v2 directory (default: the "
                                                                   "installed default model); fp16 weights are widened")
     parser.add_argument("--shared", type=Path, default=common.SHARED, help="the folder holding data/")
+    parser.add_argument("--extend", action="store_true", help="add seeds to each budget's earlier section (its "
+                                                                "contenders; up to --seeds in all)")
     parser.add_argument("--smoke", action="store_true", help="64 rows, one seed, nothing written (a test)")
     args = parser.parse_args()
     # The runner's smoke run (common.SMOKE) shrinks the same way, on a tiny random BERT, and writes its result to
@@ -205,6 +214,10 @@ def main() -> None:
     if not 1 <= args.seeds <= len(SEEDS):
         raise SystemExit(f"--seeds takes 1 to {len(SEEDS)}, found {args.seeds}")
     seeds = SEEDS[:1 if smoke else args.seeds]
+    name = f"finetune_small_{args.task}" + ("" if args.device == "cpu" else f"_{args.device}")
+    earlier_sections = earlier_by_budget(RESULTS / f"{name}.json")
+    if args.extend and not smoke:
+        extendable(earlier_sections, budgets, contenders, seeds)
     sections = []
     with tempfile.TemporaryDirectory() as tmp:
         from encoderkit import default_model_path
@@ -213,35 +226,77 @@ def main() -> None:
         for budget in budgets:
             train, valid = (sst2_data if args.task == "sst2" else conll_data)(Path(tmp), budget, smoke)
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
-            for seed in seeds:
+            before = earlier_sections.get(budget) if args.extend and not smoke else None
+            if before is not None:
+                runs = earlier_runs(before)
+            for seed in seeds[len(before["seeds"]) if before is not None else 0:]:
                 for contender in contenders:  # in turn, seed by seed
                     runs[contender].append({"seed": seed, **run_one(args.task, contender, train, valid, seed, model,
                                                                      args.device)})
                     print(f"{args.task} {budget:,} seed {seed}: {contender:26s} {runs[contender][-1]['metric']:.2f} "
                           f"({runs[contender][-1]['seconds']:.0f} s)", flush=True)
-            sections.append(summarise(args.task, budget, runs))
+            section = summarise(args.task, budget, runs)
+            if before is not None:
+                new_seeds = list(seeds[len(before["seeds"]):])
+                section.update(provenance=before["provenance"], seeds=before["seeds"] + new_seeds,
+                               extensions=before.get("extensions", []) + [{"provenance": common.provenance(),
+                                                                           "seeds": new_seeds}])
+            sections.append(section)
     goals = [goal for section in sections for goal in section["goals"]]
     for goal in goals:
         print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'NOT MET'}")
     if args.smoke:
         print("smoke run: nothing written")
         return
-    name = f"finetune_small_{args.task}" + ("" if args.device == "cpu" else f"_{args.device}")
-    earlier = RESULTS / f"{name}.json"
-    kept = []  # a rerun of some budgets keeps the others, each with its own provenance (never re-stamped)
-    if earlier.exists():
-        before = json.loads(earlier.read_text())
-        for section in before["sections"]:
-            if section["budget"] not in budgets:
-                section.setdefault("provenance", before["provenance"])  # written before sections had their own
-                section.setdefault("seeds", before["seeds"])
-                kept.append(section)
+    # a rerun of some budgets keeps the others, each with its own provenance (never re-stamped)
+    kept = [section for budget, section in earlier_sections.items() if budget not in budgets]
     for section in sections:
-        section.update(provenance=common.provenance(), seeds=list(seeds))
+        if "extensions" not in section:
+            section.update(provenance=common.provenance(), seeds=list(seeds))
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
     write_result(name, {"task": args.task, "device": args.device, "gpu": gpu, "hyperparameters": {**HYPER, "epochs": 1, "max_length": MAX_LENGTH[args.task]},
                         "seeds": list(seeds), "sections": sorted(kept + sections, key=lambda s: s["budget"]),
                         "goals": goals}, benchmark="finetune_small")
+
+
+def earlier_by_budget(path: Path) -> dict[int, dict[str, Any]]:
+    """The sections of an earlier result by budget, each with its provenance and seeds (older results kept them at
+    the top level only)."""
+    if not path.exists():
+        return {}
+    before = json.loads(path.read_text())
+    sections = {}
+    for section in before["sections"]:
+        section.setdefault("provenance", before["provenance"])
+        section.setdefault("seeds", before["seeds"])
+        sections[section["budget"]] = section
+    return sections
+
+
+def earlier_runs(section: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """A section's runs by contender, as ``summarise`` takes them: each seed's metric, and the row's mean training
+    time for each seed (so that the mean over old and new seeds weighs each seed once)."""
+    return {row["contender"]: [{"seed": seed, "metric": metric, "seconds": row["seconds"],
+                                "train_examples": row["train_examples"]}
+                               for seed, metric in zip(section["seeds"], row["metrics"])]
+            for row in section["rows"]}
+
+
+def extendable(sections: dict[int, dict[str, Any]], budgets: list[int], contenders: list[str],
+               seeds: tuple[int, ...]) -> None:
+    """Refuse an ``--extend`` that cannot add to every budget's section: a budget not measured before, contenders
+    other than its own, or seeds it does not lack."""
+    for budget in budgets:
+        section = sections.get(budget)
+        if section is None:
+            raise SystemExit(f"--extend: no earlier section for {budget:,} rows; run it without --extend first")
+        own = [row["contender"] for row in section["rows"]]
+        if sorted(own) != sorted(contenders):
+            raise SystemExit(f"--extend: the {budget:,}-row section has the contenders {','.join(own)}; pass "
+                             f"--contenders {','.join(own)}")
+        if list(seeds[:len(section["seeds"])]) != section["seeds"] or len(seeds) <= len(section["seeds"]):
+            raise SystemExit(f"--extend: the {budget:,}-row section has seeds {section['seeds']}; --seeds must "
+                             f"be more than {len(section['seeds'])}")
 
 
 def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

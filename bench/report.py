@@ -390,6 +390,11 @@ def render_finetune_small(r: dict[str, Any]) -> list[str]:
             lines += [f"_This budget was measured apart: {own['date']}, commit {str(own['commit'])[:10]}"
                       f"{' (dirty)' if own.get('dirty') is True else ''}, seeds "
                       f"{', '.join(map(str, section.get('seeds', r['seeds'])))}._", ""]
+        for extension in section.get("extensions", []):  # seeds added later (``--extend``)
+            made = extension["provenance"]
+            lines += [f"_Seeds {', '.join(map(str, extension['seeds']))} were added later: {made['date']}, commit "
+                      f"{str(made['commit'])[:10]}{' (dirty)' if made.get('dirty') is True else ''}, "
+                      f"{made['cpu']}._", ""]
         table = []
         for row in section["rows"]:
             difference = row.get("paired_difference")

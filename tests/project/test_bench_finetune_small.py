@@ -1,0 +1,68 @@
+"""bench/finetune_small.py's ``--extend``: seeds added to a budget measured before give the summary of all the seeds
+measured at once (means, paired difference and its interval, by Student's t), and an extension that cannot add to a
+section is refused."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def small():
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_finetune_small", BENCH / "finetune_small.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def runs_of(seeds, metrics, seconds):
+    return {name: [{"seed": seed, "metric": m, "seconds": s, "train_examples": 4000}
+                   for seed, m, s in zip(seeds, values, seconds[name])] for name, values in metrics.items()}
+
+
+def test_extended_section_equals_all_seeds_at_once(small, capsys) -> None:
+    seeds = small.SEEDS[:8]
+    metrics = {"transformers": [86.0, 85.5, 86.2, 86.1, 85.9, 86.4, 85.7, 86.0],
+               "encoderkit": [85.6, 85.9, 85.8, 86.3, 85.2, 86.0, 85.9, 85.5]}
+    seconds = {"transformers": [120.0] * 8, "encoderkit": [40.0, 42.0, 38.0, 40.0, 40.0, 39.0, 41.0, 44.0]}
+    whole = small.summarise("sst2", 4000, runs_of(seeds, metrics, seconds))
+    first = small.summarise("sst2", 4000, runs_of(seeds[:5], {k: v[:5] for k, v in metrics.items()}, seconds))
+    first["seeds"] = list(seeds[:5])
+    merged = small.earlier_runs(first)
+    later = runs_of(seeds[5:], {k: v[5:] for k, v in metrics.items()}, {k: v[5:] for k, v in seconds.items()})
+    for name in merged:
+        merged[name] += later[name]
+    extended = small.summarise("sst2", 4000, merged)
+    for a, b in zip(whole["rows"], extended["rows"]):
+        assert a["metrics"] == b["metrics"] and a["mean"] == pytest.approx(b["mean"])
+        assert a["seconds"] == pytest.approx(b["seconds"])  # each seed weighed once
+        assert a.get("paired_difference") == b.get("paired_difference")
+    differences = [a - b for a, b in zip(metrics["encoderkit"], metrics["transformers"])]
+    half = 2.365 * statistics.stdev(differences) / math.sqrt(8)  # Student's t, 7 degrees of freedom
+    interval = extended["rows"][1]["paired_difference"]
+    assert interval["low"] == pytest.approx(statistics.fmean(differences) - half)
+    assert whole["goals"] == extended["goals"]
+
+
+def test_an_extension_that_cannot_add_is_refused(small) -> None:
+    section = {"budget": 4000, "seeds": list(small.SEEDS[:5]),
+               "rows": [{"contender": "transformers"}, {"contender": "encoderkit"}]}
+    sections = {4000: section}
+    small.extendable(sections, [4000], ["transformers", "encoderkit"], small.SEEDS[:15])
+    with pytest.raises(SystemExit, match="no earlier section for 2,000 rows"):
+        small.extendable(sections, [2000], ["transformers", "encoderkit"], small.SEEDS[:15])
+    with pytest.raises(SystemExit, match="pass --contenders transformers,encoderkit"):
+        small.extendable(sections, [4000], ["transformers", "encoderkit", "encoderkit-torch"], small.SEEDS[:15])
+    with pytest.raises(SystemExit, match="must be more than 5"):
+        small.extendable(sections, [4000], ["transformers", "encoderkit"], small.SEEDS[:5])
