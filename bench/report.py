@@ -370,6 +370,12 @@ def render_peers_profile(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cpu_of(made: dict[str, Any]) -> str:
+    """A provenance's CPU and the flags that tell its tier apart (several tiers share one CPU name)."""
+    flags = made.get("cpu_flags") or []
+    return f"{made.get('cpu', 'unknown CPU')} ({', '.join(flags) if flags else 'flags not recorded'})"
+
+
 def render_finetune_small(r: dict[str, Any]) -> list[str]:
     """bench/finetune_small.py: per budget, every seed's metric, the means and the paired difference's interval."""
     task = {"sst2": "SST-2 accuracy", "conll": "CoNLL-2003 entity F1"}[r["task"]]
@@ -386,15 +392,18 @@ def render_finetune_small(r: dict[str, Any]) -> list[str]:
     for section in r["sections"]:
         lines += [f"**{section['budget']:,} training rows**", ""]
         own = section.get("provenance")
-        if own and own.get("commit") != r["provenance"].get("commit"):
+        extensions = section.get("extensions", [])  # seeds added later (``--extend``)
+        seeds = section.get("seeds", r["seeds"])
+        first_seeds = seeds[:len(seeds) - sum(len(extension["seeds"]) for extension in extensions)]
+        if own and (own.get("commit") != r["provenance"].get("commit") or extensions):
             lines += [f"_This budget was measured apart: {own['date']}, commit {str(own['commit'])[:10]}"
-                      f"{' (dirty)' if own.get('dirty') is True else ''}, seeds "
-                      f"{', '.join(map(str, section.get('seeds', r['seeds'])))}._", ""]
-        for extension in section.get("extensions", []):  # seeds added later (``--extend``)
+                      f"{' (dirty)' if own.get('dirty') is True else ''}, {_cpu_of(own)}, seeds "
+                      f"{', '.join(map(str, first_seeds))}._", ""]
+        for extension in extensions:
             made = extension["provenance"]
             lines += [f"_Seeds {', '.join(map(str, extension['seeds']))} were added later: {made['date']}, commit "
                       f"{str(made['commit'])[:10]}{' (dirty)' if made.get('dirty') is True else ''}, "
-                      f"{made['cpu']}._", ""]
+                      f"{_cpu_of(made)}._", ""]
         table = []
         for row in section["rows"]:
             difference = row.get("paired_difference")
