@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+import common
 from common import write_result
 
 
@@ -46,7 +47,6 @@ def _setup(task: str, work: Path, epochs: float):  # epochs: squad's trials
 
     if task == "squad":
         return bench.prepare("squad", work / "ek", group_by_length=False, epochs=epochs), None
-    import common
     import finetune_small
     import smoke_training
     from encoderkit import default_model_path
@@ -143,8 +143,9 @@ def render(r: dict) -> list[str]:
     from report import _table
 
     squad = r.get("task", "squad") == "squad"
-    metrics = ("exact_match", "f1") if squad else ("accuracy",)
-    rows = [[side, *(f"{100 * v['metrics'][m] if not squad else v['metrics'][m]:.2f}" for m in metrics),
+    metrics, headers, percent = ((("exact_match", "f1"), ("exact match", "F1"), 1) if squad  # SQuAD's: percentages
+                                 else (("accuracy",), ("accuracy",), 100))
+    rows = [[side, *(f"{percent * v['metrics'][m]:.2f}" for m in metrics),
              f"{v['seconds']:,.0f}", f"{v['losses'][0]:.4f} -> {v['losses'][-1]:.4f}"]
             for side, v in r["sides"].items()]
     what = (f"One SQuAD epoch of bench/finetune.py's benchmark (batch {r.get('batch_size', 32)}) with dropout "
@@ -154,7 +155,7 @@ def render(r: dict) -> list[str]:
             "on both sides; accuracy on its held-out rows.")
     return [f"## Fine-tuning parity with the chance taken out{'' if squad else ': SST-2'} "
             "(`bench/finetune_parity.py`)", "", what, "",
-            *_table(["side", *(("exact match", "F1") if squad else ("accuracy",)), "train s",
+            *_table(["side", *headers, "train s",
                      "loss, first -> last step"], rows), "",
             f"Largest difference between the two loss curves: {r['largest_loss_difference']:.2e} "
             f"over {len(next(iter(r['sides'].values()))['losses'])} steps.", ""]

@@ -225,22 +225,23 @@ def main() -> None:
         model = widened(args.model or smoke_training.tiny_model() or default_model_path(), Path(tmp))
         for budget in budgets:
             train, valid = (sst2_data if args.task == "sst2" else conll_data)(Path(tmp), budget, smoke)
-            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
             before = earlier_sections.get(budget) if args.extend and not smoke else None
-            if before is not None:
-                runs = earlier_runs(before)
-            for seed in seeds[len(before["seeds"]) if before is not None else 0:]:
+            runs: dict[str, list[dict[str, Any]]] = earlier_runs(before) if before else {c: [] for c in contenders}
+            done = before["seeds"] if before else []
+            new_seeds = list(seeds[len(done):])
+            for seed in new_seeds:
                 for contender in contenders:  # in turn, seed by seed
                     runs[contender].append({"seed": seed, **run_one(args.task, contender, train, valid, seed, model,
                                                                      args.device)})
                     print(f"{args.task} {budget:,} seed {seed}: {contender:26s} {runs[contender][-1]['metric']:.2f} "
                           f"({runs[contender][-1]['seconds']:.0f} s)", flush=True)
             section = summarise(args.task, budget, runs)
-            if before is not None:
-                new_seeds = list(seeds[len(before["seeds"]):])
-                section.update(provenance=before["provenance"], seeds=before["seeds"] + new_seeds,
+            if before:  # the first run's provenance, and this one's among the extensions
+                section.update(provenance=before["provenance"], seeds=done + new_seeds,
                                extensions=before.get("extensions", []) + [{"provenance": common.provenance(),
                                                                            "seeds": new_seeds}])
+            else:
+                section.update(provenance=common.provenance(), seeds=new_seeds)
             sections.append(section)
     goals = [goal for section in sections for goal in section["goals"]]
     for goal in goals:
@@ -250,9 +251,6 @@ def main() -> None:
         return
     # a rerun of some budgets keeps the others, each with its own provenance (never re-stamped)
     kept = [section for budget, section in earlier_sections.items() if budget not in budgets]
-    for section in sections:
-        if "extensions" not in section:
-            section.update(provenance=common.provenance(), seeds=list(seeds))
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
     write_result(name, {"task": args.task, "device": args.device, "gpu": gpu, "hyperparameters": {**HYPER, "epochs": 1, "max_length": MAX_LENGTH[args.task]},
                         "seeds": list(seeds), "sections": sorted(kept + sections, key=lambda s: s["budget"]),

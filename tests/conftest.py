@@ -1,6 +1,7 @@
 """Shared fixtures: the default model, the shared data directory (skipped with a reason when absent)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,21 @@ def shared_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is absent (../shared/data and ../shared/bench exist in CI)")
     return path
+
+
+def bench_module(name: str):
+    """bench/<name>.py as a module, ``bench_<name>``, executed anew: bench/ is not a package on the tests' path, and
+    its scripts import each other by plain name, so bench/ is on sys.path while it loads."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", bench / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    sys.path.insert(0, str(bench))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(bench))
+    return module
 
 
 def pytest_configure(config) -> None:

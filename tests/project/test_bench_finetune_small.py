@@ -3,27 +3,16 @@ measured at once (means, paired difference and its interval, by Student's t), an
 section is refused."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def small():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_finetune_small", BENCH / "finetune_small.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return bench_module("finetune_small")
 
 
 def runs_of(seeds, metrics, seconds):
@@ -31,7 +20,7 @@ def runs_of(seeds, metrics, seconds):
                    for seed, m, s in zip(seeds, values, seconds[name])] for name, values in metrics.items()}
 
 
-def test_extended_section_equals_all_seeds_at_once(small, capsys) -> None:
+def test_extended_section_equals_all_seeds_at_once(small) -> None:
     seeds = small.SEEDS[:8]
     metrics = {"transformers": [86.0, 85.5, 86.2, 86.1, 85.9, 86.4, 85.7, 86.0],
                "encoderkit": [85.6, 85.9, 85.8, 86.3, 85.2, 86.0, 85.9, 85.5]}

@@ -7,24 +7,15 @@ import importlib.util
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def peers(tmp_path_factory):
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_peers", BENCH / "peers.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_peers"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
+    module = bench_module("peers")
     module.PEER_CACHE = tmp_path_factory.mktemp("peer-cache")  # exports go here, not into bench/.cache
     return module
 

@@ -7,7 +7,6 @@ needs this machine lacks (../shared, CUDA, a PyLate venv, the bench extra's pack
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,21 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 
 
-def _load(name: str):
-    """bench/<name>.py as a module (bench/ is not on the tests' path; its scripts import each other by plain name)."""
-    spec = importlib.util.spec_from_file_location(f"bench_suite_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-registry = _load("registry")
+registry = bench_module("registry")
 
 
 def _bench(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -116,11 +107,7 @@ def test_report_refuses_a_result_without_provenance(tmp_path):
 
 
 def test_interleaved_rotates_the_order_and_takes_ratios_per_round():
-    sys.path.insert(0, str(BENCH))
-    try:
-        common = _load("common")
-    finally:
-        sys.path.remove(str(BENCH))
+    common = bench_module("common")
     calls: list[str] = []
     contenders = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
     timing = common.interleaved(contenders, rounds=4, warmup=1)
