@@ -11,12 +11,15 @@ repeated texts):
 
 - ``mnrl``: the dense embedder, ``train_embedder`` with MNRL (lr 2e-5, scale 20, max length 256), as
   bench/train_embedder.py;
-- ``mlm``: all-MiniLM-L6-v2 has no MLM head, which SPLADE needs: ``encoderkit pretrain --config <model dir>``
-  continues pre-training from the model's weights (the decoder is tied to the word embeddings; the head's
-  transform and bias start new) on the training articles' paragraphs (MLM, 15% masked, length 128);
-- ``splade``: ``train_embedder(kind="sparse", loss="splade")`` from the MLM warm-up, max length 256; each call is
-  one setting (``--lr``, ``--epochs``, ``--query-weight``, ``--document-weight``: FLOPS weights), and every setting
-  tried is kept and reported;
+- ``mlm``: all-MiniLM-L6-v2 has no MLM head, which SPLADE needs: ``encoderkit pretrain --config <model dir>
+  --train head`` trains a new head (transform and bias; the decoder is tied to the word embeddings) on the
+  training articles' paragraphs with the encoder frozen, reading back half the tokens of each text unmasked
+  (``--mask-rate 0.5 --mask-fraction 0 --random-fraction 0``): SPLADE reads the head at unmasked positions;
+- ``splade``: ``train_embedder(kind="sparse", loss="splade")`` from the MLM warm-up, max length 256, the head's
+  bias first shifted so that the training documents start at ``--start-active-terms`` active terms
+  (``calibrate_active_terms``); each call is one setting (``--lr``, ``--epochs``, ``--query-weight``,
+  ``--document-weight``: FLOPS weights, ``--start-active-terms``), and every setting tried is kept and reported,
+  with the held-out nDCG@10 of its calibrated start before any SPLADE step;
 - ``colbert``: encoderkit (``kind="multi-vector", loss="maxsim"``) and PyLate (``models.ColBERT`` +
   ``losses.Contrastive`` + ``SentenceTransformerTrainer`` with ``utils.ColBERTCollator``, batches without
   duplicates) on the same pairs with the same budget: lr 2e-5, temperature 1, query length 32, document length 180,
@@ -31,9 +34,10 @@ the corpus included) and query latency (p50/p99: one query at a time, encoding i
 (``HybridIndex``, RRF and weighted min-max fusion) of pairs of the single kinds. It writes
 bench/results/retrieval_kinds.json and prints each goal as met / not met.
 
-    python bench/retrieval_kinds.py mlm [--steps 150]
+    python bench/retrieval_kinds.py mlm [--steps 100]
     python bench/retrieval_kinds.py mnrl
-    python bench/retrieval_kinds.py splade --tag a [--lr 2e-5 --epochs 1 --query-weight 5e-5 --document-weight 3e-5]
+    python bench/retrieval_kinds.py splade --tag a [--lr 2e-5 --epochs 1 --query-weight 5e-5 --document-weight 3e-5
+                                                    --start-active-terms 500]
     python bench/retrieval_kinds.py colbert [--epochs 1] [--chunk 5]
     python bench/retrieval_kinds.py evaluate
 
@@ -67,7 +71,8 @@ HYPER = dict(learning_rate=2e-5, warmup_ratio=0.1, weight_decay=0.01, adam_eps=1
 DENSE_LENGTH = smoke_size(256, 64)  # bench/train_embedder.py's max length (the model's sentence-transformers setting)
 SPLADE_LENGTH = smoke_size(256, 64)
 QUERY_LENGTH, DOCUMENT_LENGTH, DIMENSION = 32, smoke_size(180, 64), 128  # PyLate's defaults
-MLM_LENGTH, MLM_BATCH, MLM_LR = smoke_size(128, 32), smoke_size(16, 4), 1e-4
+MLM_LENGTH, MLM_BATCH, MLM_LR = smoke_size(128, 32), smoke_size(32, 4), 2e-3
+MLM_MASKING = ["--train", "head", "--mask-rate", "0.5", "--mask-fraction", "0", "--random-fraction", "0"]
 PYLATE_PYTHON = "/tmp/pylate-venv/bin/python"
 DEPTH = 100
 LATENCY_QUERIES, WARMUP_QUERIES = smoke_size(100, 3), smoke_size(10, 1)
@@ -147,7 +152,7 @@ def run_mlm(work: Path, steps: int) -> None:
     out = work / "mlm"
     command = [str(Path(sys.executable).parent / "encoderkit"), "pretrain", "--corpus", str(mlm_corpus(work)),
                "--out", str(out), "--config", str(default_model_path()), "--objective", "mlm",
-               "--steps", str(steps), "--batch-size", str(MLM_BATCH), "--lr", str(MLM_LR),
+               *MLM_MASKING, "--steps", str(steps), "--batch-size", str(MLM_BATCH), "--lr", str(MLM_LR),
                "--max-length", str(MLM_LENGTH), "--save-every", "0", "--eval-every", "0", "--dtype", "fp32",
                "--seed", str(SEED), "--restart"]
     print(" ".join(command), flush=True)
@@ -156,7 +161,7 @@ def run_mlm(work: Path, steps: int) -> None:
     seconds = time.perf_counter() - started
     losses = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     train = [row for row in losses if "loss" in row and "step" in row]
-    save_record(work, "mlm", {"steps": steps, "batch_size": MLM_BATCH, "learning_rate": MLM_LR,
+    save_record(work, "mlm", {"steps": steps, "batch_size": MLM_BATCH, "learning_rate": MLM_LR, "trained": "head",
                               "max_length": MLM_LENGTH, "seconds_with_setup": seconds,
                               "first_loss": train[0]["loss"] if train else None,
                               "last_loss": train[-1]["loss"] if train else None,
@@ -165,7 +170,9 @@ def run_mlm(work: Path, steps: int) -> None:
 
 
 def run_embedder(work: Path, name: str, model: str | None, recipe_fields: dict[str, Any],
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, before_training=None) -> None:
+    """Trains one embedder and records it; ``before_training(setup)`` returns more fields of the record, from the
+    prepared model before its first step."""
     from encoderkit.training.sentence import EmbedderRecipe, finish_embedder, prepare_embedder
 
     out = work / name
@@ -176,6 +183,7 @@ def run_embedder(work: Path, name: str, model: str | None, recipe_fields: dict[s
     config = setup.trainer.config
     assert (config.weight_decay, config.adam_eps, config.max_grad_norm) == (
         HYPER["weight_decay"], HYPER["adam_eps"], HYPER["max_grad_norm"]), "the recipe drifted from HYPER"
+    extra = {**(extra or {}), **(before_training(setup) if before_training else {})}
     clock = _step_timer(setup.trainer)
     result = finish_embedder(out, setup, setup.trainer.train(resume=False))
     losses = [row["loss"] for row in result.history if "loss" in row]
@@ -184,21 +192,41 @@ def run_embedder(work: Path, name: str, model: str | None, recipe_fields: dict[s
                              "batch_size": BATCH, "learning_rate": recipe.learning_rate, "steps": result.step,
                              "train_seconds": clock["seconds"], "first_loss": losses[0] if losses else None,
                              "last_loss": losses[-1] if losses else None, "directory": str(result.final_dir),
-                             **(extra or {})})
+                             **extra})
 
 
 def run_mnrl(work: Path, epochs: float) -> None:
     run_embedder(work, "mnrl", None, {"loss": "mnrl", "epochs": epochs, "scale": 20.0, "max_length": DENSE_LENGTH})
 
 
-def run_splade(work: Path, tag: str, lr: float, epochs: float, query_weight: float, document_weight: float) -> None:
+def run_splade(work: Path, tag: str, lr: float, epochs: float, query_weight: float, document_weight: float,
+               active_terms: int | None) -> None:
     start = work / "mlm" / "final"
     if not start.is_dir():
         sys.exit(f"{start} is missing: run the mlm part first")
+
+    def score_start(setup) -> dict[str, Any]:
+        """The calibrated start's held-out nDCG@10 (saved, indexed and scored as ``evaluate`` scores the kinds)."""
+        from encoderkit.data.readers import Record
+        from encoderkit.embeddings.sparse import SparseEmbedder
+        from encoderkit.retrieval.texts import build_from_texts
+
+        directory = work / f"splade-{tag}" / "start"
+        setup.model.save_pretrained(directory)
+        data = split()
+        embedder = SparseEmbedder.from_pretrained(directory)
+        index = build_from_texts("sparse", [Record(i, t) for i, t in data["corpus"].items()], work / "indexes-start",
+                                 model=str(directory), show_progress=False)
+        kind = Kind("start", "sparse", index, lambda qs: embedder.encode_query(list(qs)), directory, 0.0)
+        metrics = score(kind, [q for q in data["queries"] if q in data["qrels"]], data["queries"], data["qrels"])
+        print(f"SPLADE {tag} start: nDCG@10 {metrics['ndcg@10']:.4f}", flush=True)
+        return {"start_metrics": metrics}
+
     run_embedder(work, f"splade-{tag}", str(start),
                  {"kind": "sparse", "loss": "splade", "epochs": epochs, "learning_rate": lr,
                   "max_length": SPLADE_LENGTH, "query_regularizer_weight": query_weight,
-                  "document_regularizer_weight": document_weight}, extra={"tag": tag})
+                  "document_regularizer_weight": document_weight, "start_active_terms": active_terms},
+                 extra={"tag": tag}, before_training=score_start)
 
 
 # ---- ColBERT: two trainers in turns over pipes ---------------------------------------------------------------
@@ -637,10 +665,11 @@ def render(r: dict[str, Any]) -> list[str]:
         lines += [f"Dense MNRL: {mnrl['epochs']:g} epoch, lr {mnrl['learning_rate']:g}, scale 20, max length "
                   f"{mnrl['max_length']}, {mnrl['steps']} steps, {mnrl['train_seconds']:,.0f} s of training steps.", ""]
     if mlm:
+        what = "of the head alone, the encoder frozen, " if mlm.get("trained") == "head" else ""
         lines += [f"MLM warm-up for SPLADE (all-MiniLM-L6-v2 has no MLM head): `{mlm['command']}` "
-                  f"({mlm['steps']} steps of {mlm['batch_size']} x {mlm['max_length']} tokens on the training articles' "
-                  f"paragraphs, lr {mlm['learning_rate']:g}; loss {mlm['first_loss']:.2f} -> {mlm['last_loss']:.2f}, "
-                  f"{mlm['seconds_with_setup']:,.0f} s with set-up).", ""]
+                  f"({mlm['steps']} steps {what}of {mlm['batch_size']} x {mlm['max_length']} tokens on the training "
+                  f"articles' paragraphs, lr {mlm['learning_rate']:g}; loss {mlm['first_loss']:.2f} -> "
+                  f"{mlm['last_loss']:.2f}, {mlm['seconds_with_setup']:,.0f} s with set-up).", ""]
     if r.get("splade_trials"):
         lines += ["SPLADE settings tried (every one; chosen on the held-out articles, there is no separate "
                   "validation split):", ""]
@@ -648,13 +677,16 @@ def render(r: dict[str, Any]) -> list[str]:
         trial_rows = []
         for t in r["splade_trials"]:
             m = by_kind.get(f"SPLADE {t['tag']}", {}).get("metrics", {})
+            start = t.get("start_metrics")
             trial_rows.append([t["tag"], f"{t['epochs']:g}", f"{t['learning_rate']:g}",
                                f"{t['query_regularizer_weight']:g}", f"{t['document_regularizer_weight']:g}",
-                               str(t["steps"]), f"{t['train_seconds']:,.0f}",
+                               str(t.get("start_active_terms") or "as trained"), str(t["steps"]),
+                               f"{t['train_seconds']:,.0f}",
                                f"{t['last_loss']:.3f}" if t.get("last_loss") is not None else "",
-                               f"{m['ndcg@10']:.4f}" if m else ""])
-        lines += _table(["setting", "epochs", "lr", "query FLOPS weight", "document FLOPS weight", "steps",
-                         "train s", "last loss", "nDCG@10"], trial_rows) + [""]
+                               f"{start['ndcg@10']:.4f}" if start else "", f"{m['ndcg@10']:.4f}" if m else ""])
+        lines += _table(["setting", "epochs", "lr", "query FLOPS weight", "document FLOPS weight",
+                         "start active terms", "steps", "train s", "last loss", "nDCG@10 at the start",
+                         "nDCG@10"], trial_rows) + [""]
     c = r.get("colbert")
     if c and "pylate" in c["trainers"]:  # a smoke run may have trained encoderkit's alone
         ek, pl = c["trainers"]["encoderkit"], c["trainers"]["pylate"]
@@ -692,11 +724,13 @@ def main() -> None:
     parser.add_argument("part", choices=PARTS, **({"nargs": "?"} if SMOKE else {}))
     parser.add_argument("--work", default=str(WORK))
     parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--steps", type=int, default=150, help="mlm: optimizer steps")
+    parser.add_argument("--steps", type=int, default=100, help="mlm: optimizer steps")
     parser.add_argument("--tag", default="a", help="splade: the setting's name")
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--query-weight", type=float, default=5e-5)
     parser.add_argument("--document-weight", type=float, default=3e-5)
+    parser.add_argument("--start-active-terms", type=int, default=500,
+                        help="splade: the training documents' active terms at the start (0: no calibration)")
     parser.add_argument("--chunk", type=int, default=5)
     parser.add_argument("--pylate-python", default=PYLATE_PYTHON)
     parser.add_argument("--latency-queries", type=int, default=LATENCY_QUERIES)
@@ -713,7 +747,8 @@ def main() -> None:
         elif part == "mnrl":
             run_mnrl(work, args.epochs)
         elif part == "splade":
-            run_splade(work, args.tag, args.lr, args.epochs, args.query_weight, args.document_weight)
+            run_splade(work, args.tag, args.lr, args.epochs, args.query_weight, args.document_weight,
+                       args.start_active_terms or None)
         elif part == "colbert":
             run_colbert(work, args.epochs, args.chunk, args.pylate_python)
         else:

@@ -100,6 +100,45 @@ def test_sparse_vectors_dot_and_terms(mlm_dir):
     assert [t for t, _ in terms] == ours.tokenizer.convert_ids_to_tokens(heaviest.tolist())
 
 
+def test_calibration_starts_the_vectors_at_the_asked_active_terms(mlm_dir):
+    """``calibrate_active_terms`` against transformers' BertForMaskedLM: the shift is the midpoint between the
+    (k x texts)-th and the next largest of the texts' per-term maximum logits (found here by sorting them), the
+    bias moves by exactly that, and the texts' sparse vectors then hold k non-zero terms each on average."""
+    from transformers import BertForMaskedLM
+
+    from encoderkit.embeddings.sparse import calibrate_active_terms
+
+    texts, wanted = TEXTS + DOCUMENTS, 40
+    reference = BertForMaskedLM.from_pretrained(str(mlm_dir)).eval()
+    model = SparseModel.from_pretrained(mlm_dir)
+    maxima = []
+    for text in texts:  # one text at a time: no padding to leave out
+        batch = model.tokenize([text])
+        with torch.no_grad():
+            maxima.append(reference(**batch.model_inputs()).logits[0].amax(dim=0).numpy())
+    values = np.sort(np.concatenate(maxima))[::-1]
+    k = wanted * len(texts)
+    assert (values > 0).sum() > k  # the perturbed head starts denser than asked
+    before = model.mlm.mlm_head.decoder.bias.detach().clone()
+    done = calibrate_active_terms(model, texts, wanted, batch_size=3)  # batches with padding
+    assert done["shift"] == pytest.approx((values[k - 1] + values[k]) / 2, abs=1e-5)
+    assert done["active_before"] == pytest.approx((values > 0).sum() / len(texts))
+    torch.testing.assert_close(model.mlm.mlm_head.decoder.bias, before - done["shift"], rtol=0, atol=1e-6)
+    model.eval()
+    with torch.no_grad():
+        vectors = model(**model.tokenize(texts).model_inputs())
+    assert float((vectors > 0).sum()) / len(texts) == done["active_after"] == wanted
+    assert model.mlm.mlm_head.decoder.bias.requires_grad  # still trainable
+
+
+@pytest.mark.parametrize("terms", [0, 30522])
+def test_calibration_refuses_a_count_outside_the_vocabulary(mlm_dir, terms):
+    from encoderkit.embeddings.sparse import calibrate_active_terms
+
+    with pytest.raises(InputError, match="between 1 and the vocabulary size - 1"):
+        calibrate_active_terms(SparseModel.from_pretrained(mlm_dir), TEXTS, terms)
+
+
 QUERIES = ["what do cats sit on", "how does sparse retrieval expand a query", "weights of terms"]
 DOCUMENTS = ["The cat sat on the mat.", "Expansion adds related vocabulary terms to the query.",
              "Most of the 30,522 weights are zero."]
@@ -177,8 +216,26 @@ def test_train_embedder_kind_sparse_lowers_the_splade_loss(tmp_path, trainable_d
                                atol=1e-5, rtol=1e-5)
 
 
+def test_train_embedder_starts_at_the_asked_active_terms(tmp_path, trainable_dir):
+    """--start-active-terms through the command: with a learning rate too small to move anything, the saved model's
+    vectors of the training documents (every one, as there are fewer than the calibration sample) average the
+    asked count."""
+    from encoderkit.cli.app import main
+
+    pairs = list(zip(QUERIES, DOCUMENTS))
+    train = tmp_path / "train.tsv"
+    train.write_text("anchor\tpositive\n" + "".join(f"{q}\t{d}\n" for q, d in pairs), encoding="utf-8")
+    code = main(["train-embedder", "--model", str(trainable_dir), "--kind", "sparse", "--train", str(train),
+                 "--epochs", "1", "--batch-size", "3", "--lr", "1e-12", "--start-active-terms", "25",
+                 "--out", str(tmp_path / "out")])
+    assert code == 0
+    vectors = SparseEmbedder.from_pretrained(tmp_path / "out" / "final").encode_document(DOCUMENTS)
+    assert vectors.nnz / len(DOCUMENTS) == 25
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--loss", "mnrl"], "the mnrl loss does not train a sparse model"),
+    (["--start-active-terms", "0"], "between 1 and the vocabulary size - 1"),
     (["--model", "DEFAULT"], "no trained masked-lm head"),
 ])
 def test_train_embedder_sparse_bad_input_is_one_line(tmp_path, minilm_dir, trainable_dir, capsys, extra, message):
@@ -201,3 +258,10 @@ def test_int8_sparse_vectors_stay_close_to_fp32(mlm_dir):
     int8 = SparseEmbedder.from_pretrained(mlm_dir, dtype="int8").encode(TEXTS).to_dense()
     cosine = (exact * int8).sum(1) / np.linalg.norm(exact, axis=1) / np.linalg.norm(int8, axis=1)
     assert cosine.min() > 0.99, cosine
+
+
+def test_start_active_terms_is_for_sparse_models_only():
+    from encoderkit.training.sentence import EmbedderRecipe
+
+    with pytest.raises(InputError, match="use it with --kind sparse"):
+        EmbedderRecipe(kind="dense", start_active_terms=100)

@@ -183,6 +183,39 @@ def test_continued_pretraining_of_minilm_loads_in_transformers(tmp_path, corpus_
     assert np.allclose([p.score for p in predictions], [e["score"] for e in expected], atol=1e-5)
 
 
+def test_pretraining_only_the_head_keeps_the_encoder(tmp_path, corpus_file, minilm_dir) -> None:
+    """``train="head"`` on an embedder: its encoder and word embeddings come out bit for bit as they went in (read
+    by transformers), the new head learns (with nothing masked, it reads each token back, SPLADE's use of it), and
+    the loss of that falls."""
+    transformers = pytest.importorskip("transformers")
+    from encoderkit.training.pretrain import pretrain
+
+    result = pretrain(corpus_file, tmp_path / "run", config=minilm_dir, train="head", max_length=32, max_steps=12,
+                      batch_size=4, learning_rate=1e-2, warmup_ratio=0.0, save_every=0, eval_every=0,
+                      masking=dict(rate=0.5, mask_fraction=0.0, random_fraction=0.0), show_progress=False)
+    assert result["trained"] == "head" and result["masking"]["mask_fraction"] == 0.0
+    before = transformers.BertModel.from_pretrained(str(minilm_dir)).state_dict()
+    after = transformers.BertForMaskedLM.from_pretrained(str(tmp_path / "run" / "final"))
+    for name, value in after.bert.state_dict().items():
+        if name in before:
+            assert torch.equal(value, before[name]), name
+    losses = [row["loss"] for row in result["history"] if "loss" in row]
+    assert len(losses) == 12 and np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--objective", "electra"], "--train head trains the MLM head of an existing model"),
+    (["--config", "minilm-l6-h384"], "--train head trains the MLM head of an existing model"),
+    (["--mask-fraction", "0.9", "--random-fraction", "0.2"], "add up to at most 1"),
+])
+def test_pretrain_train_head_bad_input_is_one_line(tmp_path, corpus_file, minilm_dir, capsys, extra, message) -> None:
+    args = ["pretrain", "--corpus", str(corpus_file), "--out", str(tmp_path), "--config", str(minilm_dir),
+            "--train", "head", "--steps", "1", "--batch-size", "2", "--max-length", "32"]
+    code = main(args + extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
 def test_pretrain_and_fill_mask_cli(tmp_path, corpus_file, capsys) -> None:
     config = json.dumps({"model_type": "bert", **{k: v for k, v in TINY.items() if k != "vocab_size"}})
     assert main(["pretrain", "--corpus", str(corpus_file), "--out", str(tmp_path), "--config", config,

@@ -37,6 +37,10 @@ def parse_dims(text: str | None) -> list[int] | None:
               help="splade: weight of the queries' FLOPS regulariser (higher: sparser query vectors)")
 @click.option("--document-regularizer-weight", type=float, default=3e-5, show_default=True,
               help="splade: weight of the documents' FLOPS regulariser")
+@click.option("--start-active-terms", type=int, default=None,
+              help="splade: shift the MLM head's bias once, before training, so that the training documents start "
+                   "with this many non-zero terms on average (for a head trained with `pretrain --train head`; "
+                   "README: Sparse retrieval)")
 @click.option("--query-prompt", default=None, help='text put before every anchor while training (e.g. "query: "), '
               'saved as the model\'s "query" prompt')
 @click.option("--document-prompt", default=None, help="text put before the other columns while training, saved as "
@@ -59,7 +63,7 @@ def parse_dims(text: str | None) -> list[int] | None:
 @restart_option("ignore the checkpoints of an interrupted run in --out")
 def train_embedder_cmd(model: str | None, train_file: str, kind: str, dimension: int, loss: str | None,
                        query_regularizer_weight: float, document_regularizer_weight: float,
-                       query_prompt: str | None, document_prompt: str | None, matryoshka: str | None, valid: str | None,
+                       start_active_terms: int | None, query_prompt: str | None, document_prompt: str | None, matryoshka: str | None, valid: str | None,
                        epochs: float, batch_size: int, mini_batch_size: int, lr: float, warmup_ratio: float,
                        eval_every: int, save_every: int, device: str, out_dir: str, seed: int,
                        max_length: int | None, restart: bool) -> None:
@@ -71,7 +75,8 @@ def train_embedder_cmd(model: str | None, train_file: str, kind: str, dimension:
 
     recipe = EmbedderRecipe(loss=loss or KIND_LOSSES[kind][0], kind=kind, multi_vector_dimension=dimension,
                             query_regularizer_weight=query_regularizer_weight,
-                            document_regularizer_weight=document_regularizer_weight, query_prompt=query_prompt,
+                            document_regularizer_weight=document_regularizer_weight,
+                            start_active_terms=start_active_terms, query_prompt=query_prompt,
                             document_prompt=document_prompt, epochs=epochs, batch_size=batch_size, learning_rate=lr,
                             warmup_ratio=warmup_ratio,
                             matryoshka_dims=parse_dims(matryoshka), valid=valid, seed=seed, max_length=max_length,

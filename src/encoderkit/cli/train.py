@@ -58,6 +58,15 @@ def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_s
 @click.option("--schedule", type=click.Choice(["linear", "cosine", "constant"]), default="linear", show_default=True)
 @click.option("--mask-rate", type=float, default=None,
               help="share of tokens masked; default: the family's (0.30 for ModernBERT, as in its paper; else 0.15)")
+@click.option("--mask-fraction", type=float, default=None,
+              help="of the selected tokens, the share replaced by the mask token (default 0.8, BERT's)")
+@click.option("--random-fraction", type=float, default=None,
+              help="of the selected tokens, the share replaced by a random token (default 0.1); the rest stay as "
+                   "they are. --mask-fraction 0 --random-fraction 0: every selected token is read back unmasked, "
+                   "what a SPLADE head does (README: Sparse retrieval)")
+@click.option("--train", "trained", type=click.Choice(["all", "head"]), default="all", show_default=True,
+              help="head: train only the MLM head of the --config model directory, its encoder kept as it is "
+                   "(give an embedder an MLM head for SPLADE)")
 @click.option("--whole-word", is_flag=True, help="mask whole words")
 @click.option("--static-masking", is_flag=True, help="BERT's fixed masks instead of new masks each epoch")
 @documents_option()
@@ -68,8 +77,9 @@ def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_s
 @seed_option(0)
 @restart_option("ignore existing checkpoints in --out")
 def pretrain(corpus, out_dir, objective, teacher, generator_config, model_config, tokenizer, valid, max_length,
-             batch_size, grad_accumulation, steps, lr, warmup_ratio, schedule, mask_rate, whole_word, static_masking,
-             documents, dtype, save_every, eval_every, seed, restart) -> None:
+             batch_size, grad_accumulation, steps, lr, warmup_ratio, schedule, mask_rate, mask_fraction,
+             random_fraction, trained, whole_word, static_masking, documents, dtype, save_every, eval_every, seed,
+             restart) -> None:
     """Pre-train or continue pre-training (MLM, MLM+NSP, MLM+SOP, ELECTRA, distillation); resumes automatically."""
     import torch
 
@@ -77,15 +87,19 @@ def pretrain(corpus, out_dir, objective, teacher, generator_config, model_config
     from ..training.pretrain import pretrain as run_pretrain
 
     bf16 = resolve_dtype(dtype) == torch.bfloat16
+    masking = dict(rate=mask_rate, whole_word=whole_word, dynamic=not static_masking)
+    masking.update({k: v for k, v in (("mask_fraction", mask_fraction), ("random_fraction", random_fraction))
+                    if v is not None})
 
     result = run_pretrain(
         corpus, out_dir, objective=objective, config=model_config, tokenizer=tokenizer, valid=valid,
-        max_length=max_length, masking=dict(rate=mask_rate, whole_word=whole_word, dynamic=not static_masking),
+        max_length=max_length, masking=masking, train=trained,
         document_mode=documents, resume=not restart, teacher=teacher, generator_config=generator_config,
         max_steps=steps, batch_size=batch_size, grad_accumulation=grad_accumulation, learning_rate=lr,
         warmup_ratio=warmup_ratio, schedule=schedule, bf16=bf16, save_every=save_every, eval_every=eval_every,
         seed=seed)
     final = ", ".join(f"{k} {v:.4f}" for k, v in result["final"].items())
-    click.echo(f"trained {result['step']} steps on {result['examples']:,} sequences, "
+    only = " (the MLM head only)" if trained == "head" else ""
+    click.echo(f"trained {result['step']} steps{only} on {result['examples']:,} sequences, "
                f"{result['masking']['rate']:.0%} of tokens masked; {final or 'no validation set'}")
     click.echo(f"final model: {Path(out_dir) / 'final'}")

@@ -38,7 +38,8 @@ SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 # Tokens whose vocabulary logits exist at once: (tokens x 30,522 fp32) is 125 MB at this size.
 LOGIT_CHUNK_TOKENS = 1024
 MLM_FAMILY_HINT = ("start one from an embedder by training its MLM head first: `encoderkit pretrain --config DIR "
-                   "--objective mlm ...` (a short warm-up on in-domain text), then train-embedder --kind sparse")
+                   "--objective mlm --train head ...` (a short warm-up on in-domain text), then train-embedder "
+                   "--kind sparse --start-active-terms 500 (README: Retrieval beyond one dense vector)")
 
 
 def check_splade_settings(pooling: str, activation: str) -> None:
@@ -284,4 +285,52 @@ class SparseModel(nn.Module):
                                     max_seq_length=self.max_length, prompts=self.prompts)
 
 
-__all__ = ["SPLADE_ACTIVATIONS", "SPLADE_POOLING", "SparseEmbedder", "SparseModel", "SparseVectors", "splade_weights"]
+@torch.no_grad()
+def calibrate_active_terms(model: SparseModel, texts: Sequence[str], active_terms: int,
+                           batch_size: int = 16) -> dict[str, float]:
+    """Subtract one constant from the MLM head's decoder bias so that ``texts`` start with ``active_terms``
+    non-zero weights each, on average; returns {"shift", "active_before", "active_after"}.
+
+    Why: cross-entropy fixes an MLM head's logits only up to a constant per position, so nothing in MLM training
+    keeps most of them below zero, which SPLADE's log(1 + ReLU) needs for sparse vectors. BERT's own head happens to
+    keep them there; a head just trained on an embedder (``encoderkit pretrain --train head``) need not, and its
+    vectors can hold every term of the vocabulary: their dot products are then in the thousands, and a short
+    SPLADE run with FLOPS regularisation cannot bring them back. The shift leaves each position's ranking of the
+    terms as it is. A term is active in a text exactly where its largest logit over the text's tokens is above zero
+    (for max and sum pooling, with either activation), and the constant moves each of those maxima by itself: so
+    the shift is the value between the (active_terms x texts)-th and the next largest of the texts' maxima."""
+    bias = model.mlm.mlm_head.decoder.bias
+    texts = list(texts)
+    if bias is None:
+        raise InputError("this MLM head's decoder has no bias to shift; train without --start-active-terms")
+    if not texts:
+        raise InputError("no texts to calibrate the sparse vectors' active terms on")
+    if not 1 <= active_terms < model.dimension:
+        raise InputError(f"--start-active-terms must be between 1 and the vocabulary size - 1 "
+                         f"({model.dimension - 1}), found {active_terms}")
+    was_training = model.training
+    model.eval()
+    maxima = []
+    for start in range(0, len(texts), batch_size):
+        batch = model.tokenize(texts[start:start + batch_size])
+        hidden = model.mlm.encoder(batch.input_ids, batch.attention_mask, batch.token_type_ids).last_hidden_state
+        padding = ~batch.attention_mask.bool()
+        step = max(1, LOGIT_CHUNK_TOKENS // max(1, hidden.shape[0]))
+        best = None
+        for first in range(0, hidden.shape[1], step):
+            logits = model.mlm.mlm_head(hidden[:, first:first + step]).float()
+            logits = logits.masked_fill(padding[:, first:first + step, None], float("-inf")).amax(dim=1)
+            best = logits if best is None else torch.maximum(best, logits)
+        maxima.append(best)
+    values = torch.cat(maxima).flatten()
+    wanted = active_terms * len(texts)
+    top = torch.topk(values, wanted + 1).values
+    shift = float(top[wanted - 1] + top[wanted]) / 2
+    bias.sub_(shift)
+    model.train(was_training)
+    return {"shift": shift, "active_before": float((values > 0).sum()) / len(texts),
+            "active_after": float((values > shift).sum()) / len(texts)}
+
+
+__all__ = ["SPLADE_ACTIVATIONS", "SPLADE_POOLING", "SparseEmbedder", "SparseModel", "SparseVectors",
+           "calibrate_active_terms", "splade_weights"]

@@ -23,6 +23,8 @@ from .trainer import Trainer
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("mlm", "mlm-nsp", "mlm-sop", "electra", "distill")
+# What a run trains: every weight, or only the MLM head (the encoder kept as it is).
+TRAINED_PARTS = ("all", "head")
 
 # The share of tokens each family's paper masks: ModernBERT 30% (Warner et al., 2024); BERT's 15% otherwise.
 MASK_RATES = {"modernbert": 0.30}
@@ -92,15 +94,22 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
             tokenizer: str | Path | None = None, valid: str | Path | None = None, max_length: int = 128,
             masking: MaskingConfig | dict[str, Any] | None = None, document_mode: str = "blank-line", seed: int = 0,
             cache_dir: str | Path | None = None, config_overrides: dict[str, Any] | None = None,
-            teacher: str | Path | None = None, generator_config: str | Path | None = None) -> PretrainSetup:
+            teacher: str | Path | None = None, generator_config: str | Path | None = None,
+            train: str = "all") -> PretrainSetup:
     """Model, tokenizer, masker and examples for a run. ``config`` is a preset name, a config.json or
     dict, or a model directory to continue pre-training from (its MLM head is added if missing).
-    ``masking``: see ``resolve_masking`` (None: the family's masking rate, 30% for ModernBERT, else 15%)."""
+    ``masking``: see ``resolve_masking`` (None: the family's masking rate, 30% for ModernBERT, else 15%).
+    ``train``: "all", or "head" (``freeze_all_but_mlm_head``: MLM only, from a model directory)."""
     from ..modeling.models import load_model
     from ..io.hub import resolve_model
 
     if objective not in OBJECTIVES:
         raise InputError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    if train not in TRAINED_PARTS:
+        raise InputError(f"unknown part to train {train!r}; choose one of {', '.join(TRAINED_PARTS)}")
+    if train == "head" and (objective != "mlm" or not _is_model_dir(config)):
+        raise InputError("--train head trains the MLM head of an existing model: use it with --objective mlm and "
+                         "--config set to a model directory")
     task = "pretraining" if objective in ("mlm-nsp", "mlm-sop") else "masked-lm"
     if objective == "distill":
         if not _is_model_dir(teacher):
@@ -136,6 +145,8 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
             _require_pair_head(model_config, objective)
         torch.manual_seed(seed)
         model = build_model(model_config, task)
+    if train == "head":
+        freeze_all_but_mlm_head(model)
     if model.config.max_sequence_length < max_length:
         raise ConfigError(f"max_length {max_length} exceeds what the model's positions allow "
                           f"({model.config.max_sequence_length})")
@@ -151,6 +162,23 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
         return sentence_pairs(corpus_tokens, max_length, cls_id, sep_id, objective=objective[4:], seed=seed)
 
     return PretrainSetup(model, tok, masker, examples(corpus), examples(valid) if valid else None)
+
+
+def freeze_all_but_mlm_head(model: torch.nn.Module) -> int:
+    """Leave only the MLM head's own weights trainable (its transform, norm and decoder bias; a decoder tied to the
+    word embeddings stays as it is); returns how many weights train. For a model that has no MLM head yet (an
+    embedder): the head learns to read the encoder's states as they are, so the encoder stays the embedder it was,
+    and a step costs a forward pass of the encoder and the head's backward only. The start of a SPLADE model
+    (README: "Sparse retrieval")."""
+    head = getattr(model, "mlm_head", None)
+    if head is None:
+        raise InputError(f"{type(model).__name__} has no MLM head to train")
+    shared = {id(p) for name, p in model.named_parameters(remove_duplicate=False) if not name.startswith("mlm_head.")}
+    model.requires_grad_(False)
+    trainable = [p for p in head.parameters() if id(p) not in shared]
+    for param in trainable:
+        param.requires_grad_(True)
+    return sum(p.numel() for p in trainable)
 
 
 EVAL_MASK_SEED = 12345
@@ -190,8 +218,9 @@ def pretrain(corpus: str | Path, output_dir: str | Path, *, objective: str = "ml
              valid: str | Path | None = None, max_length: int = 128,
              masking: MaskingConfig | dict[str, Any] | None = None, document_mode: str = "blank-line",
              resume: bool = True, teacher: str | Path | None = None, generator_config: str | Path | None = None,
-             **training: Any) -> dict[str, Any]:
+             train: str = "all", **training: Any) -> dict[str, Any]:
     """Pre-train (or continue pre-training) and save checkpoints and the final model in HF format.
+    ``train="head"``: only the MLM head of the model directory ``config`` learns (``freeze_all_but_mlm_head``).
 
     ``masking``: a MaskingConfig, or a dict of its fields; without a rate, the family's (``default_mask_rate``:
     0.30 for ModernBERT as in its paper, 0.15 otherwise). The result's "masking" holds the options used."""
@@ -199,14 +228,15 @@ def pretrain(corpus: str | Path, output_dir: str | Path, *, objective: str = "ml
     with distributed_run():
         return _pretrain(corpus, output_dir, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
                          max_length=max_length, masking=masking, document_mode=document_mode, resume=resume,
-                         seed=seed, teacher=teacher, generator_config=generator_config, **training)
+                         seed=seed, teacher=teacher, generator_config=generator_config, train=train, **training)
 
 
 def _pretrain(corpus, output_dir, *, objective, config, tokenizer, valid, max_length, masking, document_mode, resume,
-              seed, teacher, generator_config, **training) -> dict[str, Any]:
+              seed, teacher, generator_config, train, **training) -> dict[str, Any]:
     setup = prepare(corpus, objective=objective, config=config, tokenizer=tokenizer, valid=valid,
                     max_length=max_length, masking=masking, document_mode=document_mode, seed=seed,
-                    cache_dir=Path(output_dir) / "cache", teacher=teacher, generator_config=generator_config)
+                    cache_dir=Path(output_dir) / "cache", teacher=teacher, generator_config=generator_config,
+                    train=train)
     train_config = TrainingConfig(output_dir=str(output_dir), seed=seed, **training)
     pad = setup.tokenizer.pad_token_id
     trainer = Trainer(setup.model, train_config, setup.train_examples,
@@ -215,4 +245,5 @@ def _pretrain(corpus, output_dir, *, objective, config, tokenizer, valid, max_le
     result = trainer.train(resume=resume)
     result["examples"] = len(setup.train_examples)
     result["masking"] = dataclasses.asdict(setup.masker.config)
+    result["trained"] = train
     return result

@@ -274,6 +274,9 @@ class EmbedderRecipe:
     gather_across_processes: bool | None = None
     query_regularizer_weight: float = 5e-5  # splade: FLOPS weights (sentence-transformers' SPLADE examples' values)
     document_regularizer_weight: float = 3e-5
+    # sparse: shift the MLM head's bias once, before training, so that the training documents' vectors start with
+    # this many active terms on average (``calibrate_active_terms``; for a head new to the model). None: as it is.
+    start_active_terms: int | None = None
     multi_vector_dimension: int = 128  # multi-vector: the token vectors' width (ColBERT's 128)
     # Prepended to the anchors (query) and to the other columns (document) while training, and written into the
     # model's config_sentence_transformers.json as its "query" and "document" prompts, so that it is used with them.
@@ -297,6 +300,8 @@ class EmbedderRecipe:
                              f"gathering applies to {', '.join(GATHERING_LOSSES)}")
         if self.epochs <= 0 or self.batch_size <= 0:
             raise InputError(f"epochs and batch_size must be positive, found {self.epochs} and {self.batch_size}")
+        if self.start_active_terms is not None and self.kind != "sparse":
+            raise InputError("--start-active-terms sets where a SPLADE model's vectors start: use it with --kind sparse")
         if self.matryoshka_dims and self.loss == "softmax":
             raise InputError("--matryoshka cannot be used with the softmax loss (its classifier reads the full vector)")
 
@@ -428,6 +433,23 @@ def _batching(r: EmbedderRecipe, model: Any, data: Any, columns: int, world: int
     return _Batching(examples, r.batch_size, collate, steps, gather)
 
 
+CALIBRATION_TEXTS = 256  # documents that --start-active-terms calibrates on
+
+
+def _start_sparse_vectors(model: Any, data: Any, r: EmbedderRecipe) -> None:
+    """``calibrate_active_terms`` on up to CALIBRATION_TEXTS of the training documents (a seeded sample of the
+    distinct positives and negatives, with the document prompt that training puts before them)."""
+    import random
+
+    from ..embeddings.sparse import calibrate_active_terms
+
+    documents = sorted({text for example in data.examples for text in example.texts[1:]})
+    sample = random.Random(r.seed).sample(documents, min(CALIBRATION_TEXTS, len(documents)))
+    done = calibrate_active_terms(model, [(r.document_prompt or "") + text for text in sample], r.start_active_terms)
+    log.info("MLM head bias shifted by %.3f: %d training documents average %.0f active terms (%.0f before)",
+             -done["shift"], len(sample), done["active_after"], done["active_before"])
+
+
 def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_dir: str | Path,
                      recipe: EmbedderRecipe | None = None) -> EmbedderSetup:
     """Read the data, load the model and build the loss and the Trainer of ``train_embedder``, without training."""
@@ -442,6 +464,8 @@ def prepare_embedder(model_dir: str | Path | None, train_file: str | Path, out_d
     if r.loss == "triplet" and not data.negative_columns:
         raise DataError(f"{train_file}: the triplet loss needs a negative column (anchor, positive, negative)")
     model = _embedder_model(model_dir, r)
+    if r.start_active_terms is not None:
+        _start_sparse_vectors(model, data, r)
     loss_module = _loss_module(r, model, len(data.labels or {}), gather)
     columns = (3 if r.loss == "triplet" else 2 + len(data.negative_columns)) if data.shape == ANCHOR_POSITIVE else 2
     batching = _batching(r, model, data, columns, world, gather, train_file)
