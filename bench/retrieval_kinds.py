@@ -671,8 +671,9 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"articles' paragraphs, lr {mlm['learning_rate']:g}; loss {mlm['first_loss']:.2f} -> "
                   f"{mlm['last_loss']:.2f}, {mlm['seconds_with_setup']:,.0f} s with set-up).", ""]
     if r.get("splade_trials"):
-        lines += ["SPLADE settings tried (every one; chosen on the held-out articles, there is no separate "
-                  "validation split):", ""]
+        lines += ["SPLADE settings this benchmark ran (every one; chosen on the held-out articles, as there is no "
+                  "separate validation split; the warm-up's recipe and the start's 500 active terms were chosen the "
+                  "same way, by trials outside it):", ""]
         by_kind = {row["kind"]: row for row in r["rows"]}
         trial_rows = []
         for t in r["splade_trials"]:
