@@ -40,7 +40,7 @@ def parse_dims(text: str | None) -> list[int] | None:
 @click.option("--start-active-terms", type=int, default=None,
               help="splade: shift the MLM head's bias once, before training, so that the training documents start "
                    "with this many non-zero terms on average (for a head trained with `pretrain --train head`; "
-                   "README: Sparse retrieval)")
+                   "README: Retrieval beyond one dense vector)")
 @click.option("--query-prompt", default=None, help='text put before every anchor while training (e.g. "query: "), '
               'saved as the model\'s "query" prompt')
 @click.option("--document-prompt", default=None, help="text put before the other columns while training, saved as "

@@ -63,7 +63,7 @@ def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_s
 @click.option("--random-fraction", type=float, default=None,
               help="of the selected tokens, the share replaced by a random token (default 0.1); the rest stay as "
                    "they are. --mask-fraction 0 --random-fraction 0: every selected token is read back unmasked, "
-                   "what a SPLADE head does (README: Sparse retrieval)")
+                   "what a SPLADE head does (README: Retrieval beyond one dense vector)")
 @click.option("--train", "trained", type=click.Choice(["all", "head"]), default="all", show_default=True,
               help="head: train only the MLM head of the --config model directory, its encoder kept as it is "
                    "(give an embedder an MLM head for SPLADE)")

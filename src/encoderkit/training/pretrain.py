@@ -146,7 +146,7 @@ def prepare(corpus: str | Path, *, objective: str = "mlm", config: str | Path | 
         torch.manual_seed(seed)
         model = build_model(model_config, task)
     if train == "head":
-        freeze_all_but_mlm_head(model)
+        log.info("training the MLM head only: %d weights; the encoder is frozen", freeze_all_but_mlm_head(model))
     if model.config.max_sequence_length < max_length:
         raise ConfigError(f"max_length {max_length} exceeds what the model's positions allow "
                           f"({model.config.max_sequence_length})")
@@ -169,7 +169,7 @@ def freeze_all_but_mlm_head(model: torch.nn.Module) -> int:
     word embeddings stays as it is); returns how many weights train. For a model that has no MLM head yet (an
     embedder): the head learns to read the encoder's states as they are, so the encoder stays the embedder it was,
     and a step costs a forward pass of the encoder and the head's backward only. The start of a SPLADE model
-    (README: "Sparse retrieval")."""
+    (README: "Retrieval beyond one dense vector")."""
     head = getattr(model, "mlm_head", None)
     if head is None:
         raise InputError(f"{type(model).__name__} has no MLM head to train")
