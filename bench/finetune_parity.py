@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 import common
-from common import write_result
 
 
 SST2_ROWS, SST2_SEED = 4000, 42  # issue 40's budget; bench/finetune_small.py's first seed
@@ -133,7 +132,7 @@ def main() -> None:
     print(f"largest loss difference over {len(ek)} steps: {largest:.2e}")
     if args.epochs == 1.0:
         name = "finetune_parity" + ("" if args.task == "squad" else f"_{args.task}")
-        write_result(name, {"task": args.task, "dropout": args.dropout,
+        common.write_result(name, {"task": args.task, "dropout": args.dropout,
                             "batch_size": results["encoderkit"]["batch_size"], "sides": results,
                             "largest_loss_difference": largest}, benchmark="finetune_parity")
 

@@ -72,7 +72,8 @@ DENSE_LENGTH = smoke_size(256, 64)  # bench/train_embedder.py's max length (the 
 SPLADE_LENGTH = smoke_size(256, 64)
 QUERY_LENGTH, DOCUMENT_LENGTH, DIMENSION = 32, smoke_size(180, 64), 128  # PyLate's defaults
 MLM_LENGTH, MLM_BATCH, MLM_LR = smoke_size(128, 32), smoke_size(32, 4), 2e-3
-MLM_MASKING = ["--train", "head", "--mask-rate", "0.5", "--mask-fraction", "0", "--random-fraction", "0"]
+MLM_TRAIN = "head"
+MLM_MASKING = ["--train", MLM_TRAIN, "--mask-rate", "0.5", "--mask-fraction", "0", "--random-fraction", "0"]
 PYLATE_PYTHON = "/tmp/pylate-venv/bin/python"
 DEPTH = 100
 LATENCY_QUERIES, WARMUP_QUERIES = smoke_size(100, 3), smoke_size(10, 1)
@@ -161,7 +162,7 @@ def run_mlm(work: Path, steps: int) -> None:
     seconds = time.perf_counter() - started
     losses = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     train = [row for row in losses if "loss" in row and "step" in row]
-    save_record(work, "mlm", {"steps": steps, "batch_size": MLM_BATCH, "learning_rate": MLM_LR, "trained": "head",
+    save_record(work, "mlm", {"steps": steps, "batch_size": MLM_BATCH, "learning_rate": MLM_LR, "trained": MLM_TRAIN,
                               "max_length": MLM_LENGTH, "seconds_with_setup": seconds,
                               "first_loss": train[0]["loss"] if train else None,
                               "last_loss": train[-1]["loss"] if train else None,
@@ -207,18 +208,11 @@ def run_splade(work: Path, tag: str, lr: float, epochs: float, query_weight: flo
 
     def score_start(setup) -> dict[str, Any]:
         """The calibrated start's held-out nDCG@10 (saved, indexed and scored as ``evaluate`` scores the kinds)."""
-        from encoderkit.data.readers import Record
-        from encoderkit.embeddings.sparse import SparseEmbedder
-        from encoderkit.retrieval.texts import build_from_texts
-
         directory = work / f"splade-{tag}" / "start"
         setup.model.save_pretrained(directory)
         data = split()
-        embedder = SparseEmbedder.from_pretrained(directory)
-        index = build_from_texts("sparse", [Record(i, t) for i, t in data["corpus"].items()], work / "indexes-start",
-                                 model=str(directory), show_progress=False)
-        kind = Kind("start", "sparse", index, lambda qs: embedder.encode_query(list(qs)), directory, 0.0)
-        metrics = score(kind, [q for q in data["queries"] if q in data["qrels"]], data["queries"], data["qrels"])
+        kind = sparse_kind("start", directory, data["corpus"], work / "indexes-start")
+        metrics = score(kind, scored_queries(data), data["queries"], data["qrels"])
         print(f"SPLADE {tag} start: nDCG@10 {metrics['ndcg@10']:.4f}", flush=True)
         return {"start_metrics": metrics}
 
@@ -418,6 +412,27 @@ class Kind:
         self.directory, self.build_seconds, self.model = directory, build_seconds, model
 
 
+def scored_queries(data: dict[str, Any]) -> list[str]:
+    """The held-out questions that have a relevant paragraph, in the split's order."""
+    return [q for q in data["queries"] if q in data["qrels"]]
+
+
+def sparse_kind(name: str, model: str | Path, corpus: dict[str, str], directory: Path) -> Kind:
+    """A SPLADE model's kind: its inverted index of ``corpus`` saved in ``directory`` (build timed after a warm-up
+    encode) and its query encoder."""
+    from encoderkit.data.readers import Record
+    from encoderkit.embeddings.sparse import SparseEmbedder
+    from encoderkit.retrieval.texts import build_from_texts
+
+    embedder = SparseEmbedder.from_pretrained(model)
+    embedder.encode_document(list(corpus.values())[:4])
+    started = time.perf_counter()
+    index = build_from_texts("sparse", [Record(i, t) for i, t in corpus.items()], directory, model=str(model),
+                             show_progress=False)
+    return Kind(name, "sparse", index, lambda qs: embedder.encode_query(list(qs)), directory,
+                time.perf_counter() - started, str(model))
+
+
 def build_kinds(work: Path, corpus: dict[str, str], limit_splade: list[str] | None = None) -> list[Kind]:
     """Every single kind's index of ``corpus``, saved under work/indexes, with its query encoder."""
     import shutil
@@ -425,7 +440,6 @@ def build_kinds(work: Path, corpus: dict[str, str], limit_splade: list[str] | No
     from encoderkit import Embedder, default_model_path
     from encoderkit.data.readers import Record
     from encoderkit.embeddings.multi_vector import MultiVectorEmbedder
-    from encoderkit.embeddings.sparse import SparseEmbedder
     from encoderkit.retrieval import BM25Index
     from encoderkit.retrieval.texts import build_from_texts, model_root
     from encoderkit.tasks.search import build_index
@@ -459,15 +473,8 @@ def build_kinds(work: Path, corpus: dict[str, str], limit_splade: list[str] | No
     for record in load_records(work, "splade-"):
         if limit_splade and record["tag"] not in limit_splade:
             continue
-        model = record["directory"]
-        embedder = SparseEmbedder.from_pretrained(model)
-        embedder.encode_document(texts[:4])
-        directory = root / f"splade-{record['tag']}"
-        started = time.perf_counter()
-        index = build_from_texts("sparse", records, directory, model=model, show_progress=False)
-        seconds = time.perf_counter() - started
-        kinds.append(Kind(f"SPLADE {record['tag']}", "sparse", index,
-                          lambda qs, e=embedder: e.encode_query(list(qs)), directory, seconds, model))
+        kinds.append(sparse_kind(f"SPLADE {record['tag']}", record["directory"], corpus,
+                                 root / f"splade-{record['tag']}"))
 
     colbert = load_records(work, "colbert")
     for trainer in (colbert[0]["trainers"] if colbert else {}):
@@ -533,7 +540,7 @@ def run_evaluate(work: Path, latency_queries: int, limit_queries: int | None, wr
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     data = split()
     queries, corpus, qrels = data["queries"], data["corpus"], data["qrels"]
-    query_ids = [q for q in queries if q in qrels][:limit_queries]
+    query_ids = scored_queries(data)[:limit_queries]
     kinds = build_kinds(work, corpus)
     rows: list[dict[str, Any]] = []
 
@@ -671,9 +678,11 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"articles' paragraphs, lr {mlm['learning_rate']:g}; loss {mlm['first_loss']:.2f} -> "
                   f"{mlm['last_loss']:.2f}, {mlm['seconds_with_setup']:,.0f} s with set-up).", ""]
     if r.get("splade_trials"):
+        starts = sorted({t["start_active_terms"] for t in r["splade_trials"] if t.get("start_active_terms")})
+        chosen = f" and the start's {' / '.join(map(str, starts))} active terms" if starts else ""
         lines += ["SPLADE settings this benchmark ran (every one; chosen on the held-out articles, as there is no "
-                  "separate validation split; the warm-up's recipe and the start's 500 active terms were chosen the "
-                  "same way, by trials outside it):", ""]
+                  f"separate validation split; the warm-up's recipe{chosen} were chosen the same way, by trials "
+                  "outside it):", ""]
         by_kind = {row["kind"]: row for row in r["rows"]}
         trial_rows = []
         for t in r["splade_trials"]:

@@ -63,7 +63,8 @@ def parse_dims(text: str | None) -> list[int] | None:
 @restart_option("ignore the checkpoints of an interrupted run in --out")
 def train_embedder_cmd(model: str | None, train_file: str, kind: str, dimension: int, loss: str | None,
                        query_regularizer_weight: float, document_regularizer_weight: float,
-                       start_active_terms: int | None, query_prompt: str | None, document_prompt: str | None, matryoshka: str | None, valid: str | None,
+                       start_active_terms: int | None, query_prompt: str | None, document_prompt: str | None,
+                       matryoshka: str | None, valid: str | None,
                        epochs: float, batch_size: int, mini_batch_size: int, lr: float, warmup_ratio: float,
                        eval_every: int, save_every: int, device: str, out_dir: str, seed: int,
                        max_length: int | None, restart: bool) -> None:

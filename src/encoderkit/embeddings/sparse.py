@@ -260,18 +260,36 @@ class SparseModel(nn.Module):
         256 tokens would otherwise keep several (32 x 256 x 30,522) fp32 tensors, a gigabyte each."""
         from torch.utils.checkpoint import checkpoint
 
-        hidden = self.mlm.encoder(input_ids, attention_mask, token_type_ids).last_hidden_state
-        mask = attention_mask.to(torch.float32)
-        step = max(1, LOGIT_CHUNK_TOKENS // max(1, hidden.shape[0]))
         recompute = self.training and torch.is_grad_enabled()
         pooled = None
-        for start in range(0, hidden.shape[1], step):
-            chunk, chunk_mask = hidden[:, start:start + step], mask[:, start:start + step]
+        for chunk, chunk_mask in self._token_chunks(input_ids, attention_mask, token_type_ids):
             part = checkpoint(self._pool_chunk, chunk, chunk_mask, use_reentrant=False) if recompute \
                 else self._pool_chunk(chunk, chunk_mask)
             pooled = part if pooled is None else (torch.maximum(pooled, part) if self.pooling == "max"
                                                   else pooled + part)
         return pooled
+
+    @torch.no_grad()
+    def max_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, vocabulary): each term's largest MLM logit over a text's tokens, padding left out; a term is
+        active in the text's vector exactly where this is above zero (``calibrate_active_terms``)."""
+        best = None
+        for chunk, chunk_mask in self._token_chunks(input_ids, attention_mask, token_type_ids):
+            logits = self.mlm.mlm_head(chunk).float().masked_fill(chunk_mask[..., None] == 0, float("-inf"))
+            most = logits.amax(dim=1)
+            best = most if best is None else torch.maximum(best, most)
+        return best
+
+    def _token_chunks(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      token_type_ids: torch.Tensor | None):
+        """The encoder's final states and the mask, in slices of ``LOGIT_CHUNK_TOKENS`` of the batch's token rows:
+        the head's (tokens x vocabulary) logits then exist for one slice at a time."""
+        hidden = self.mlm.encoder(input_ids, attention_mask, token_type_ids).last_hidden_state
+        mask = attention_mask.to(torch.float32)
+        step = max(1, LOGIT_CHUNK_TOKENS // max(1, hidden.shape[0]))
+        for start in range(0, hidden.shape[1], step):
+            yield hidden[:, start:start + step], mask[:, start:start + step]
 
     def _pool_chunk(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         weights = splade_weights(self.mlm.mlm_head(hidden).float(), self.activation) * mask[..., None]
@@ -310,18 +328,8 @@ def calibrate_active_terms(model: SparseModel, texts: Sequence[str], active_term
                          f"({model.dimension - 1}), found {active_terms}")
     was_training = model.training
     model.eval()
-    maxima = []
-    for start in range(0, len(texts), batch_size):
-        batch = model.tokenize(texts[start:start + batch_size])
-        hidden = model.mlm.encoder(batch.input_ids, batch.attention_mask, batch.token_type_ids).last_hidden_state
-        padding = ~batch.attention_mask.bool()
-        step = max(1, LOGIT_CHUNK_TOKENS // max(1, hidden.shape[0]))
-        best = None
-        for first in range(0, hidden.shape[1], step):
-            logits = model.mlm.mlm_head(hidden[:, first:first + step]).float()
-            logits = logits.masked_fill(padding[:, first:first + step, None], float("-inf")).amax(dim=1)
-            best = logits if best is None else torch.maximum(best, logits)
-        maxima.append(best)
+    maxima = [model.max_logits(**model.tokenize(texts[start:start + batch_size]).model_inputs())
+              for start in range(0, len(texts), batch_size)]
     values = torch.cat(maxima).flatten()
     wanted = active_terms * len(texts)
     top = torch.topk(values, wanted + 1).values
