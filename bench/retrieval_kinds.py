@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import smoke_training
-from common import ROOT, SMOKE, smoke_size, write_result
+from common import SMOKE, portable, smoke_size, write_result
 from turns import Contender
 
 HERE = Path(__file__).resolve().parent
@@ -166,7 +166,7 @@ def run_mlm(work: Path, steps: int) -> None:
                               "max_length": MLM_LENGTH, "seconds_with_setup": seconds,
                               "first_loss": train[0]["loss"] if train else None,
                               "last_loss": train[-1]["loss"] if train else None,
-                              "command": "encoderkit " + " ".join(command[1:]).replace(str(ROOT) + "/", ""),
+                              "command": portable("encoderkit " + " ".join(command[1:])),
                               "directory": str(out / "final")})
 
 
@@ -673,7 +673,7 @@ def render(r: dict[str, Any]) -> list[str]:
                   f"{mnrl['max_length']}, {mnrl['steps']} steps, {mnrl['train_seconds']:,.0f} s of training steps.", ""]
     if mlm:
         what = "of the head alone, the encoder frozen, " if mlm.get("trained") == "head" else ""
-        lines += [f"MLM warm-up for SPLADE (all-MiniLM-L6-v2 has no MLM head): `{mlm['command']}` "
+        lines += [f"MLM warm-up for SPLADE (all-MiniLM-L6-v2 has no MLM head): `{portable(mlm['command'])}` "
                   f"({mlm['steps']} steps {what}of {mlm['batch_size']} x {mlm['max_length']} tokens on the training "
                   f"articles' paragraphs, lr {mlm['learning_rate']:g}; loss {mlm['first_loss']:.2f} -> "
                   f"{mlm['last_loss']:.2f}, {mlm['seconds_with_setup']:,.0f} s with set-up).", ""]

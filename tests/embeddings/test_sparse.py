@@ -56,7 +56,13 @@ def test_sparse_embedder_equals_sentence_transformers(tmp_path, mlm_dir, pooling
     expected = theirs.encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
     got = ours.encode(TEXTS)
     assert isinstance(got, SparseVectors) and len(got) == len(TEXTS) and got.dimension == expected.shape[1]
-    np.testing.assert_allclose(got.to_dense(), expected, atol=1e-5, rtol=1e-5)
+    # Both sides are fp32, so both are judged against the same model in float64. Summed over a text's tokens, the
+    # perturbed head's weights reach about 100, where fp32's own rounding is about 1e-5: ours may be off the truth
+    # by a few times what the fp32 reference is, and no more (a wrong term or token would be off by far more).
+    truth = SparseEncoder(modules=[MLMTransformer(str(mlm_dir)), SpladePooling(pooling, activation)]).to(
+        torch.float64).encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
+    reference_error = float(np.abs(expected - truth).max())
+    np.testing.assert_allclose(got.to_dense(), truth, atol=max(1e-5, 4 * reference_error), rtol=1e-5)
     assert (got.to_dense() != 0).sum() == (expected != 0).sum()  # the same terms active, none lost to rounding
     top = theirs.encode(TEXTS, max_active_dims=7, convert_to_tensor=True).to_dense().numpy()
     np.testing.assert_allclose(ours.encode(TEXTS, max_active_dims=7).to_dense(), top, atol=1e-5, rtol=1e-5)

