@@ -195,17 +195,29 @@ def _code_state() -> tuple[str, bool | str]:
 _STARTED_AT = _code_state()
 
 
+# Variables that change which instructions the kernels use: a smaller CPU tier imitated on a bigger one
+# (ENCODERKIT_NATIVE_FLAGS=-mno-avx512f, ONEDNN_MAX_CPU_ISA=AVX2, ...). A result records those that were set, since
+# the CPU flags it records are the machine's own.
+INSTRUCTION_VARIABLES = ("ENCODERKIT_NATIVE_FLAGS", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                         "ATEN_CPU_CAPABILITY")
+
+
 def provenance() -> dict[str, Any]:
     """What a result was measured with: the commit and whether the tree differed from it (at the run's start), the
-    command, the date, the CPU and its flags, torch's threads and the versions of the libraries that decide speed."""
+    command, the date, the CPU and its flags, torch's threads, the versions of the libraries that decide speed,
+    and the INSTRUCTION_VARIABLES that were set (only where one was)."""
     versions = package_versions(PROVENANCE_PACKAGES)
     info = machine()
     commit, dirty = _STARTED_AT
-    return {"commit": commit, "dirty": dirty,
+    made = {"commit": commit, "dirty": dirty,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(["python", _script_path(), *sys.argv[1:]]),
             "cpu": info["cpu"], "cpu_flags": sorted(f for f, present in info["cpu_flags"].items() if present),
             "threads": info["threads"], "versions": versions}
+    environment = {name: os.environ[name] for name in INSTRUCTION_VARIABLES if os.environ.get(name)}
+    if environment:
+        made["environment"] = environment
+    return made
 
 
 def _script_path() -> str:

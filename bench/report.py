@@ -41,8 +41,12 @@ def _machine(result: dict[str, Any]) -> str:
                   f"(\"{made['recorded_subject'][:90]}\").")
     else:
         commit = " (no provenance recorded: measured before results named their commit)"
+    environment = (made or {}).get("environment")
+    limited = (" Run with `" + " ".join(f"{name}={value}" for name, value in environment.items()) + "`: the "
+               "instructions its kernels used, not all of the CPU's flags above (a smaller tier imitated where they "
+               "name one).") if environment else ""
     return (f"_{result['date']}: {m['cpu']}{shown}, {m['threads']} threads, {bf16}, torch {m['torch']}. "
-            f"Command: `{command}`.{commit}_")
+            f"Command: `{command}`.{commit}{limited}_")
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:

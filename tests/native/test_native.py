@@ -240,6 +240,22 @@ def test_turned_off_by_the_environment():
     assert done.stdout.strip() == "off: turned off by ENCODERKIT_NATIVE=0"
 
 
+def test_fp32_product_is_within_its_rounding_bound_for_every_block_size():
+    """The kernel's fp32 product for every row count from 1 to 40: its blocks of rows (one per count up to what the
+    registers hold, which differs between 256- and 512-bit builds) and both panel paths (70 outputs: an odd count of
+    panels with 8 or 16 lanes, the last one partial). Each sum of 37 products is within the a-priori bound of fp32
+    sums of that length (37 unit roundoffs of the sum of the terms' magnitudes) of the float64 product."""
+    generator = np.random.default_rng(0)
+    weight = generator.standard_normal((70, 37)).astype(np.float32)
+    bias = generator.standard_normal(70).astype(np.float32)
+    for rows in range(1, 41):
+        x = generator.standard_normal((rows, 37)).astype(np.float32)
+        got = native.fp32_product(torch.from_numpy(x), torch.from_numpy(weight), torch.from_numpy(bias)).numpy()
+        want = x.astype(np.float64) @ weight.astype(np.float64).T + bias
+        bound = 38 * 2.0**-24 * (np.abs(x) @ np.abs(weight).T + np.abs(bias))
+        assert np.all(np.abs(got - want) <= bound), f"{rows} rows: off by {np.abs(got - want).max():.3g}"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # int8 (VNNI: exact sums of any codes; AVX2 or AVX512BW: pairs summed in 16 bits, codes within +-63)
 # ---------------------------------------------------------------------------------------------------------------

@@ -122,6 +122,23 @@ def test_interleaved_rotates_the_order_and_takes_ratios_per_round():
         common.interleaved(contenders, rounds=1, baseline="z")
 
 
+def test_results_record_and_show_the_instruction_variables(monkeypatch):
+    """A result measured with a smaller tier imitated (the kernels limited below this CPU's flags) says so: the
+    variables set are in its provenance and in the report's line about the machine; unset, neither mentions them."""
+    common = bench_module("common")
+    for name in common.INSTRUCTION_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert "environment" not in common.provenance()
+    monkeypatch.setenv("ENCODERKIT_NATIVE_FLAGS", "-mno-avx512f")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    made = common.provenance()
+    assert made["environment"] == {"ENCODERKIT_NATIVE_FLAGS": "-mno-avx512f", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    report = bench_module("report")
+    line = report._machine(_result(provenance=made))
+    assert "Run with `ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2`" in line
+    assert "Run with" not in report._machine(_result())
+
+
 def test_portable_names_paths_as_on_any_checkout(monkeypatch, tmp_path):
     common = bench_module("common")
     cache, shared = tmp_path / "elsewhere" / "cache", tmp_path / "data-copy"

@@ -326,6 +326,24 @@ def _padded(value: torch.Tensor | None, size: int, width: int, fill: float = 0.0
     return out
 
 
+def fp32_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel's fp32 product alone, on the calling thread (tests): (M, K) rows times the (N, K) ``weight``
+    packed as the kernel packs it, plus ``bias`` -> (M, N), each sum in k order with fused multiply-adds."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the native kernel is not available here: {status()}")
+    x, weight = x.float().contiguous(), weight.detach().float().contiguous()
+    width = lib.ek_vector_width()
+    rows, cols = weight.shape
+    packed = torch.empty(-(-rows // width) * width * cols, dtype=torch.float32)
+    lib.ek_pack(weight.data_ptr(), packed.data_ptr(), rows, cols)
+    tensors = [packed, _padded(bias, rows, width), None, None, None]
+    linear = _Linear(*[None if t is None else t.data_ptr() for t in tensors])
+    y = torch.empty(x.shape[0], rows, dtype=torch.float32)
+    lib.ek_product(ctypes.byref(linear), x.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
+    return y
+
+
 def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                  inverse: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's int8 product alone, on the calling thread (tests, benchmarks): (M, K) fp32 rows times
@@ -427,5 +445,5 @@ def reset(model: nn.Module) -> None:
 
 
 __all__ = ["INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible",
-           "int8_available", "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of", "library",
-           "native_forward", "reset", "status"]
+           "fp32_product", "int8_available", "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of",
+           "library", "native_forward", "reset", "status"]

@@ -117,25 +117,26 @@ inline void finish(const Product& g, int row, int col, vf v) {
   }
 }
 
-// R rows times P panels (adjacent), all in registers. Two panels at once keep two weight streams in flight: on
-// the Cascade Lake Xeon, all-MiniLM-L6-v2's 24 products at 14 rows took 3.21 ms with two, 4.16 ms with one panel
-// at a time, 3.54 and 3.39 ms with three and four panels of 7 rows (ONNX Runtime's MatMul+Add: 3.82 ms), 2 threads.
-// Built for AVX2 on that CPU: two panels of 8 rows 4.40 ms, of 7 rows 4.55, of 6 rows 5.00, one panel of 12 rows
-// 5.42 (the same run).
-// Each weight stream is prefetched AHEAD bytes per lane ahead (2 KB with 16 lanes): all-MiniLM-L6-v2, one text of
-// 12 tokens through the engine (Cascade Lake, 2 threads, interleaved): fp32 4.11 against 4.61 ms without, int8 2.26
-// against 2.48 ms; 512 bytes and 1 KB ahead were within the noise of 2 KB. (A non-temporal prefetch was slower:
-// 6.6 and 2.9 ms; the weights that stay in the last-level cache between calls are worth keeping there.)
+// R rows times P panels (adjacent), all in registers. Two panels at once keep two weight streams in flight (faster
+// than one, and than three or four panels of fewer rows, on the Cascade Lake Xeon). Each weight stream is prefetched
+// AHEAD bytes per lane ahead (2 KB with 16 lanes); a non-temporal prefetch was slower, since the weights that stay in
+// the last-level cache between calls are worth keeping there. bench/native_phases.py measures the products.
 constexpr int AHEAD = 128;
 
+// The products' sums of R rows times P panels, kept in registers for the whole k loop. With 16 vector registers
+// (AVX2) it is a function of its own: inlined beside the epilogue after the loop, GCC keeps an accumulator in
+// memory, a store and a load on every k, even where the registers would hold them all (the 256-bit build's
+// assembly; bench/native_phases.py measures the kernel). With 32 (AVX-512) inlining costs nothing.
+#if VW == 8
+#define EK_ACCUMULATE __attribute__((noinline))
+#else
+#define EK_ACCUMULATE __attribute__((always_inline)) inline
+#endif
 template <int R, int P>
-inline void block(const Product& g, int m0, int panel) {
-  const float* w = g.packed + (size_t)panel * g.K * VW;
-  const float* x = g.x + (size_t)m0 * g.K;
-  const int K = g.K;
+EK_ACCUMULATE void accumulate(const float* w, const float* x, int K, const float* bias, vf (*out)[R]) {
   vf acc[P][R];
   for (int q = 0; q < P; q++) {
-    vf b = loadu(g.bias + (size_t)(panel + q) * VW);
+    vf b = loadu(bias + (size_t)q * VW);
     for (int r = 0; r < R; r++) acc[q][r] = b;
   }
   for (int k = 0; k < K; k++) {
@@ -151,6 +152,15 @@ inline void block(const Product& g, int m0, int panel) {
     }
   }
   for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) out[q][r] = acc[q][r];
+}
+
+template <int R, int P>
+inline void block(const Product& g, int m0, int panel) {
+  vf acc[P][R];
+  accumulate<R, P>(g.packed + (size_t)panel * g.K * VW, g.x + (size_t)m0 * g.K, g.K, g.bias + (size_t)panel * VW,
+                   acc);
+  for (int q = 0; q < P; q++)
     for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q][r]);
 }
 
@@ -158,10 +168,7 @@ inline void block(const Product& g, int m0, int panel) {
 // The int8 block: four k at a time, the row's four codes broadcast against each column's four weight codes, summed
 // exactly in 32 bits; then y = (sum - zero * column code sum) * row scale * column scale + bias, in fp32.
 template <int R, int P>
-inline void qblock(const Product& g, int m0, int panel) {
-  const int8_t* w = g.qpacked + (size_t)panel * g.K4 * VW;
-  const uint8_t* x = g.codes + (size_t)m0 * g.K4;
-  const int K4 = g.K4;
+EK_ACCUMULATE void qaccumulate(const int8_t* w, const uint8_t* x, int K4, vi (*out)[R]) {
   vi acc[P][R];
   for (int q = 0; q < P; q++)
     for (int r = 0; r < R; r++) acc[q][r] = vi{};
@@ -179,6 +186,14 @@ inline void qblock(const Product& g, int m0, int panel) {
       for (int q = 0; q < P; q++) acc[q][r] = dpbusd(acc[q][r], xr, wk[q]);
     }
   }
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) out[q][r] = acc[q][r];
+}
+
+template <int R, int P>
+inline void qblock(const Product& g, int m0, int panel) {
+  vi acc[P][R];
+  qaccumulate<R, P>(g.qpacked + (size_t)panel * g.K4 * VW, g.codes + (size_t)m0 * g.K4, g.K4, acc);
   for (int q = 0; q < P; q++) {
     const int col = (panel + q) * VW;
     const vf scale = loadu(g.wscale + col) * g.xscale, bias = loadu(g.bias + col);
@@ -200,34 +215,52 @@ constexpr std::array<BlockFn, sizeof...(I)> qblocks_of(std::integer_sequence<int
 }
 #endif
 // Rows per block: what the registers hold (32 vector registers with AVX-512, 16 with AVX2), a few kept for the
-// weights and the broadcast row value.
+// weights and the broadcast row value; with AVX2 the most that hold without an accumulator spilled to memory
+// (AVX2's int8 pair sums need two registers more than a multiply-add). EK_ROWS1/2 and EK_QROWS1/2 (compiler flags,
+// ENCODERKIT_NATIVE_FLAGS) set others, for measuring.
+#ifndef EK_ROWS1
 #ifdef __AVX512F__
-constexpr int ROWS1 = 24, ROWS2 = 14;
+#define EK_ROWS1 24
+#define EK_ROWS2 14
 #else
-constexpr int ROWS1 = 12, ROWS2 = 8;
+#define EK_ROWS1 11
+#define EK_ROWS2 6
 #endif
+#endif
+#ifndef EK_QROWS1
+#ifdef __AVX512F__
+#define EK_QROWS1 EK_ROWS1
+#define EK_QROWS2 EK_ROWS2
+#else
+#define EK_QROWS1 12
+#define EK_QROWS2 6
+#endif
+#endif
+constexpr int ROWS1 = EK_ROWS1, ROWS2 = EK_ROWS2, QROWS1 = EK_QROWS1, QROWS2 = EK_QROWS2;
 const std::array<BlockFn, ROWS1> ONE_PANEL = blocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
 const std::array<BlockFn, ROWS2> TWO_PANELS = blocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
-// int8 blocks: two panels of ROWS2 rows as well. all-MiniLM-L6-v2's int8 layers on one text (Cascade Lake, 2 threads,
-// interleaved), 12 and 20 tokens: two panels of 14 rows 1.71 and 2.71 ms, three of 8 rows 1.73 and 2.65, four of 6 or
-// 7 rows 1.75-1.78 and 2.64-2.65, one panel of 24 rows 1.94 and 3.03.
+// int8 blocks: two panels of QROWS2 rows (as fast as more panels of fewer rows with VNNI on the Cascade Lake Xeon).
 #if EK_INT8
-const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = qblocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
-const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = qblocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
-#else  // never called: without int8 instructions the caller runs no int8 layer here (ek_int8)
-const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = ONE_PANEL;
-const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = TWO_PANELS;
+const std::array<BlockFn, QROWS1> ONE_PANEL_INT8 = qblocks_of<1>(std::make_integer_sequence<int, QROWS1>{});
+const std::array<BlockFn, QROWS2> TWO_PANELS_INT8 = qblocks_of<2>(std::make_integer_sequence<int, QROWS2>{});
 #endif
 
-void product_part(const Product& g, int part, int parts) {
-  const auto& two = g.qpacked ? TWO_PANELS_INT8 : TWO_PANELS;
-  const auto& one = g.qpacked ? ONE_PANEL_INT8 : ONE_PANEL;
+template <typename Two, typename One>
+void product_panels(const Product& g, const Two& two, const One& one, int part, int parts) {
+  const int rows2 = (int)two.size(), rows1 = (int)one.size();
   int panels = (g.N + VW - 1) / VW, pairs = panels / 2, begin, end;
   split(pairs, part, parts, &begin, &end);  // pairs of panels; the odd one last goes to the last part
   for (int p = 2 * begin; p < 2 * end; p += 2)
-    for (int m0 = 0; m0 < g.M; m0 += ROWS2) two[std::min(ROWS2, g.M - m0) - 1](g, m0, p);
+    for (int m0 = 0; m0 < g.M; m0 += rows2) two[std::min(rows2, g.M - m0) - 1](g, m0, p);
   if (panels % 2 && part == parts - 1)
-    for (int m0 = 0; m0 < g.M; m0 += ROWS1) one[std::min(ROWS1, g.M - m0) - 1](g, m0, panels - 1);
+    for (int m0 = 0; m0 < g.M; m0 += rows1) one[std::min(rows1, g.M - m0) - 1](g, m0, panels - 1);
+}
+
+void product_part(const Product& g, int part, int parts) {
+#if EK_INT8
+  if (g.qpacked) return product_panels(g, TWO_PANELS_INT8, ONE_PANEL_INT8, part, parts);
+#endif
+  product_panels(g, TWO_PANELS, ONE_PANEL, part, parts);
 }
 
 static inline vi round_to_int(vf v) {  // to nearest, ties to even (the rounding mode's default), as torch.round
