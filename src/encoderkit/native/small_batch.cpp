@@ -123,17 +123,12 @@ inline void finish(const Product& g, int row, int col, vf v) {
 // the last-level cache between calls are worth keeping there. bench/native_phases.py measures the products.
 constexpr int AHEAD = 128;
 
-// The products' sums of R rows times P panels, kept in registers for the whole k loop. With 16 vector registers
-// (AVX2) it is a function of its own: inlined beside the epilogue after the loop, GCC keeps an accumulator in
-// memory, a store and a load on every k, even where the registers would hold them all (the 256-bit build's
-// assembly; bench/native_phases.py measures the kernel). With 32 (AVX-512) inlining costs nothing.
 #if VW == 8
-#define EK_ACCUMULATE __attribute__((noinline))
-#else
-#define EK_ACCUMULATE __attribute__((always_inline)) inline
-#endif
+// With 16 vector registers (AVX2) the k loop is a function of its own: inlined beside the epilogue after it (bias,
+// activation, residual), GCC keeps an accumulator in memory, a store and a load on every k, even where the registers
+// would hold them all (the 256-bit build's assembly). The sums, in the same k order, land in ``out``.
 template <int R, int P>
-EK_ACCUMULATE void accumulate(const float* w, const float* x, int K, const float* bias, vf (*out)[R]) {
+__attribute__((noinline)) void accumulate(const float* w, const float* x, int K, const float* bias, vf (*out)[R]) {
   vf acc[P][R];
   for (int q = 0; q < P; q++) {
     vf b = loadu(bias + (size_t)q * VW);
@@ -163,12 +158,41 @@ inline void block(const Product& g, int m0, int panel) {
   for (int q = 0; q < P; q++)
     for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q][r]);
 }
+#else  // 32 registers (AVX-512): one function, no accumulator in memory below its largest blocks
+template <int R, int P>
+inline void block(const Product& g, int m0, int panel) {
+  const float* w = g.packed + (size_t)panel * g.K * VW;
+  const float* x = g.x + (size_t)m0 * g.K;
+  const int K = g.K;
+  vf acc[P][R];
+  for (int q = 0; q < P; q++) {
+    vf b = loadu(g.bias + (size_t)(panel + q) * VW);
+    for (int r = 0; r < R; r++) acc[q][r] = b;
+  }
+  for (int k = 0; k < K; k++) {
+    vf wk[P];
+    for (int q = 0; q < P; q++) {
+      wk[q] = loadu(w + ((size_t)q * K + k) * VW);
+      __builtin_prefetch(w + ((size_t)q * K + k + AHEAD / 4) * VW);
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < R; r++) {
+      const float xr = x[(size_t)r * K + k];
+      for (int q = 0; q < P; q++) acc[q][r] += xr * wk[q];
+    }
+  }
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q][r]);
+}
+
+#endif  // VW
 
 #if EK_INT8
 // The int8 block: four k at a time, the row's four codes broadcast against each column's four weight codes, summed
 // exactly in 32 bits; then y = (sum - zero * column code sum) * row scale * column scale + bias, in fp32.
+#if VW == 8
 template <int R, int P>
-EK_ACCUMULATE void qaccumulate(const int8_t* w, const uint8_t* x, int K4, vi (*out)[R]) {
+__attribute__((noinline)) void qaccumulate(const int8_t* w, const uint8_t* x, int K4, vi (*out)[R]) {
   vi acc[P][R];
   for (int q = 0; q < P; q++)
     for (int r = 0; r < R; r++) acc[q][r] = vi{};
@@ -201,6 +225,37 @@ inline void qblock(const Product& g, int m0, int panel) {
     for (int r = 0; r < R; r++) finish(g, m0 + r, col, __builtin_convertvector(acc[q][r] - offset, vf) * scale + bias);
   }
 }
+#else
+template <int R, int P>
+inline void qblock(const Product& g, int m0, int panel) {
+  const int8_t* w = g.qpacked + (size_t)panel * g.K4 * VW;
+  const uint8_t* x = g.codes + (size_t)m0 * g.K4;
+  const int K4 = g.K4;
+  vi acc[P][R];
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) acc[q][r] = vi{};
+  for (int k = 0; k < K4; k += 4) {
+    vi wk[P];
+    for (int q = 0; q < P; q++) {
+      wk[q] = *(const viu*)(w + ((size_t)q * K4 + k) * VW);
+      __builtin_prefetch(w + ((size_t)q * K4 + k + AHEAD) * VW);
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < R; r++) {
+      int32_t four;
+      std::memcpy(&four, x + (size_t)r * K4 + k, 4);
+      const vi xr = vi{} + four;
+      for (int q = 0; q < P; q++) acc[q][r] = dpbusd(acc[q][r], xr, wk[q]);
+    }
+  }
+  for (int q = 0; q < P; q++) {
+    const int col = (panel + q) * VW;
+    const vf scale = loadu(g.wscale + col) * g.xscale, bias = loadu(g.bias + col);
+    const vi offset = *(const viu*)(g.sums + col) * g.zero;
+    for (int r = 0; r < R; r++) finish(g, m0 + r, col, __builtin_convertvector(acc[q][r] - offset, vf) * scale + bias);
+  }
+}
+#endif  // VW
 #endif
 
 typedef void (*BlockFn)(const Product&, int, int);
@@ -215,8 +270,8 @@ constexpr std::array<BlockFn, sizeof...(I)> qblocks_of(std::integer_sequence<int
 }
 #endif
 // Rows per block: what the registers hold (32 vector registers with AVX-512, 16 with AVX2), a few kept for the
-// weights and the broadcast row value; with AVX2 the most that hold without an accumulator spilled to memory
-// (AVX2's int8 pair sums need two registers more than a multiply-add). EK_ROWS1/2 and EK_QROWS1/2 (compiler flags,
+// weights and the broadcast row value; with AVX2 the most that hold with no accumulator in memory, for the fp32
+// products and the int8 pair sums (which take two registers more). EK_ROWS1 and EK_ROWS2 (compiler flags, through
 // ENCODERKIT_NATIVE_FLAGS) set others, for measuring.
 #ifndef EK_ROWS1
 #ifdef __AVX512F__
@@ -227,40 +282,28 @@ constexpr std::array<BlockFn, sizeof...(I)> qblocks_of(std::integer_sequence<int
 #define EK_ROWS2 6
 #endif
 #endif
-#ifndef EK_QROWS1
-#ifdef __AVX512F__
-#define EK_QROWS1 EK_ROWS1
-#define EK_QROWS2 EK_ROWS2
-#else
-#define EK_QROWS1 12
-#define EK_QROWS2 6
-#endif
-#endif
-constexpr int ROWS1 = EK_ROWS1, ROWS2 = EK_ROWS2, QROWS1 = EK_QROWS1, QROWS2 = EK_QROWS2;
+constexpr int ROWS1 = EK_ROWS1, ROWS2 = EK_ROWS2;
 const std::array<BlockFn, ROWS1> ONE_PANEL = blocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
 const std::array<BlockFn, ROWS2> TWO_PANELS = blocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
-// int8 blocks: two panels of QROWS2 rows (as fast as more panels of fewer rows with VNNI on the Cascade Lake Xeon).
+// int8 blocks: two panels of ROWS2 rows as well (as fast as more panels of fewer rows with VNNI on the Cascade Lake
+// Xeon).
 #if EK_INT8
-const std::array<BlockFn, QROWS1> ONE_PANEL_INT8 = qblocks_of<1>(std::make_integer_sequence<int, QROWS1>{});
-const std::array<BlockFn, QROWS2> TWO_PANELS_INT8 = qblocks_of<2>(std::make_integer_sequence<int, QROWS2>{});
+const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = qblocks_of<1>(std::make_integer_sequence<int, ROWS1>{});
+const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = qblocks_of<2>(std::make_integer_sequence<int, ROWS2>{});
+#else  // never called: without int8 instructions the caller runs no int8 layer here (ek_int8)
+const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = ONE_PANEL;
+const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = TWO_PANELS;
 #endif
 
-template <typename Two, typename One>
-void product_panels(const Product& g, const Two& two, const One& one, int part, int parts) {
-  const int rows2 = (int)two.size(), rows1 = (int)one.size();
+void product_part(const Product& g, int part, int parts) {
+  const auto& two = g.qpacked ? TWO_PANELS_INT8 : TWO_PANELS;
+  const auto& one = g.qpacked ? ONE_PANEL_INT8 : ONE_PANEL;
   int panels = (g.N + VW - 1) / VW, pairs = panels / 2, begin, end;
   split(pairs, part, parts, &begin, &end);  // pairs of panels; the odd one last goes to the last part
   for (int p = 2 * begin; p < 2 * end; p += 2)
-    for (int m0 = 0; m0 < g.M; m0 += rows2) two[std::min(rows2, g.M - m0) - 1](g, m0, p);
+    for (int m0 = 0; m0 < g.M; m0 += ROWS2) two[std::min(ROWS2, g.M - m0) - 1](g, m0, p);
   if (panels % 2 && part == parts - 1)
-    for (int m0 = 0; m0 < g.M; m0 += rows1) one[std::min(rows1, g.M - m0) - 1](g, m0, panels - 1);
-}
-
-void product_part(const Product& g, int part, int parts) {
-#if EK_INT8
-  if (g.qpacked) return product_panels(g, TWO_PANELS_INT8, ONE_PANEL_INT8, part, parts);
-#endif
-  product_panels(g, TWO_PANELS, ONE_PANEL, part, parts);
+    for (int m0 = 0; m0 < g.M; m0 += ROWS1) one[std::min(ROWS1, g.M - m0) - 1](g, m0, panels - 1);
 }
 
 static inline vi round_to_int(vf v) {  // to nearest, ties to even (the rounding mode's default), as torch.round
