@@ -166,7 +166,7 @@ def run_mlm(work: Path, steps: int) -> None:
                               "max_length": MLM_LENGTH, "seconds_with_setup": seconds,
                               "first_loss": train[0]["loss"] if train else None,
                               "last_loss": train[-1]["loss"] if train else None,
-                              "command": portable("encoderkit " + " ".join(command[1:])),
+                              "command": "encoderkit " + " ".join(command[1:]),  # as run; render shows it portable
                               "directory": str(out / "final")})
 
 

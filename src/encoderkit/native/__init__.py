@@ -190,20 +190,12 @@ class NativeEncoder:
         PyTorch layers run, which observe and measure."""
         return any(p.observing or p.errors is not None for p in self.quantized)
 
-    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
-        weight = weight.detach().float().contiguous()
-        rows, cols = weight.shape
-        padded = -(-rows // self.width) * self.width
-        packed = torch.empty(padded * cols, dtype=torch.float32)
-        self.lib.ek_pack(weight.data_ptr(), packed.data_ptr(), rows, cols)
-        return packed
-
     def _vector(self, value: torch.Tensor | None, size: int, fill: float = 0.0) -> torch.Tensor:
         return _padded(value, size, self.width, fill)
 
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None, int8=None) -> list[torch.Tensor | None]:
         if int8 is None:
-            return [self._pack(weight), self._vector(bias, weight.shape[0]), None, None, None]
+            return _fp32_linear(self.lib, weight, bias)
         return _int8_linear(self.lib, int8.quantized, int8.scales, int8.bias, int8.inverse_smoothing)
 
     def _stale(self) -> bool:
@@ -326,21 +318,28 @@ def _padded(value: torch.Tensor | None, size: int, width: int, fill: float = 0.0
     return out
 
 
+def _fp32_linear(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The tensors of an fp32 ``_Linear``: the (N, K) ``weight`` packed into panels of the build's width (zero past
+    N) and the bias padded to them."""
+    weight = weight.detach().float().contiguous()
+    width = lib.ek_vector_width()
+    rows, cols = weight.shape
+    packed = torch.empty(-(-rows // width) * width * cols, dtype=torch.float32)
+    lib.ek_pack(weight.data_ptr(), packed.data_ptr(), rows, cols)
+    return [packed, _padded(bias, rows, width), None, None, None]
+
+
 def fp32_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's fp32 product alone, on the calling thread (tests): (M, K) rows times the (N, K) ``weight``
     packed as the kernel packs it, plus ``bias`` -> (M, N), each sum in k order with fused multiply-adds."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"the native kernel is not available here: {status()}")
-    x, weight = x.float().contiguous(), weight.detach().float().contiguous()
-    width = lib.ek_vector_width()
-    rows, cols = weight.shape
-    packed = torch.empty(-(-rows // width) * width * cols, dtype=torch.float32)
-    lib.ek_pack(weight.data_ptr(), packed.data_ptr(), rows, cols)
-    tensors = [packed, _padded(bias, rows, width), None, None, None]
+    x = x.float().contiguous()
+    tensors = _fp32_linear(lib, weight, bias)
     linear = _Linear(*[None if t is None else t.data_ptr() for t in tensors])
-    y = torch.empty(x.shape[0], rows, dtype=torch.float32)
-    lib.ek_product(ctypes.byref(linear), x.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    lib.ek_product(ctypes.byref(linear), x.data_ptr(), y.data_ptr(), x.shape[0], weight.shape[0], weight.shape[1])
     return y
 
 
