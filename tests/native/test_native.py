@@ -20,6 +20,7 @@ from encoderkit.engine import engine_for
 from parity.test_families import CONFIGS, STEMS, TOL, VOCAB, perturb
 
 transformers = pytest.importorskip("transformers")
+THREADS_BEFORE = torch.get_num_threads()
 
 # The families whose layers the kernel runs: not MPNet, whose attention adds a relative-position bias
 # (test_a_relative_position_bias_stays_on_pytorch), nor the rotary ones (test_rotary_families_stay_on_pytorch)
@@ -254,6 +255,85 @@ def test_fp32_product_is_within_its_rounding_bound_for_every_block_size():
         want = x.astype(np.float64) @ weight.astype(np.float64).T + bias
         bound = 38 * 2.0**-24 * (np.abs(x) @ np.abs(weight).T + np.abs(bias))
         assert np.all(np.abs(got - want) <= bound), f"{rows} rows: off by {np.abs(got - want).max():.3g}"
+
+
+def float64_attention(qkv: np.ndarray, starts: list[int], heads: int, scale: float) -> np.ndarray:
+    """softmax(q k^T * scale) v of each sequence and head, in float64: the definition, for the kernel's attention."""
+    hidden = qkv.shape[1] // 3
+    dim = hidden // heads
+    out = np.zeros((qkv.shape[0], hidden))
+    for first, last in zip(starts[:-1], starts[1:]):
+        for h in range(heads):
+            q, k, v = (qkv[first:last, part * hidden + h * dim:part * hidden + (h + 1) * dim].astype(np.float64)
+                       for part in range(3))
+            scores = q @ k.T * scale
+            probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+            out[first:last, h * dim:(h + 1) * dim] = probs / probs.sum(axis=1, keepdims=True) @ v
+    return out
+
+
+@pytest.mark.parametrize("dim", [32, 64, 20])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_equals_float64_attention(dim, threads):
+    """The kernel's attention of packed sequences (``native.attention``, the PyTorch layers' inference attention)
+    against its definition in float64, sequence by sequence: lengths that fill whole 8 x 8 tiles and whole vectors
+    of 8 and 16 lanes (16, 64) and lengths that leave an edge of each (1, 7, 9, 17, 33, 100), up to
+    ATTENTION_MAX_LENGTH; head sizes of whole vectors (32, 64) and not (20: the edges of the transposition and of
+    the output done element by element); 3 heads; on 1 and 2 threads. Scores of about 3 standard deviations make
+    peaked and flat rows. Within 1e-5: fp32 rounding is about 1e-6 here, and a wrong row, head or key is off by
+    the values' scale (about 1)."""
+    heads, generator = 3, np.random.default_rng(dim)
+    lengths = [16, 1, 7, 64, 9, 17, 33, 100, native.ATTENTION_MAX_LENGTH]
+    starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    qkv = generator.standard_normal((starts[-1], 3 * heads * dim)).astype(np.float32)
+    scale = 3.0 / dim**0.5
+    torch.set_num_threads(threads)
+    try:
+        got = native.attention(torch.from_numpy(qkv), torch.tensor(starts), heads, scale, max(lengths))
+    finally:
+        torch.set_num_threads(THREADS_BEFORE)
+    assert got is not None, f"the kernel's attention declined: {native.status()}"
+    want = float64_attention(qkv, starts, heads, scale)
+    for first, last, n in zip(starts[:-1], starts[1:], lengths):
+        diff = np.abs(got.numpy()[first:last] - want[first:last]).max()
+        assert diff <= 1e-5, f"a sequence of {n} tokens (head size {dim}): off by {diff:.3g}"
+
+
+def test_attention_declines_what_it_does_not_compute():
+    """Past ATTENTION_MAX_LENGTH (where SDPA's kernel is the faster), in bf16, with a gradient to keep, or rows
+    that are not whole heads of q | k | v: None, and the caller runs SDPA."""
+    longest = native.ATTENTION_MAX_LENGTH
+    qkv = torch.randn(longest + 1, 3 * 2 * 8)
+    assert native.attention(qkv, torch.tensor([0, longest + 1]), 2, 0.3, longest + 1) is None
+    assert native.attention(qkv[:longest], torch.tensor([0, longest]), 2, 0.3, longest) is not None
+    assert native.attention(qkv.bfloat16(), torch.tensor([0, longest + 1]), 2, 0.3, 10) is None
+    assert native.attention(qkv.requires_grad_(), torch.tensor([0, longest + 1]), 2, 0.3, 10) is None
+    assert native.attention(torch.randn(4, 50), torch.tensor([0, 4]), 2, 0.3, 4) is None
+
+
+def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(tmp_path, monkeypatch):
+    """A batch longer than MAX_TOKENS runs the PyTorch layers; their attention runs natively (one call a layer)
+    where its longest sequence has at most ATTENTION_MAX_LENGTH tokens, and SDPA past it: the states equal
+    transformers' either way, and no training or gradient path takes it."""
+    from encoderkit.modeling import kernels
+
+    config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=512)
+    engine = engine_for(model, "fp32")
+    calls: list[bool] = []
+    original = kernels.native_attention
+    monkeypatch.setattr(kernels, "native_attention",
+                        lambda *args: calls.append(original(*args) is not None) or original(*args))
+    longest = native.ATTENTION_MAX_LENGTH
+    for lengths, natively in (([70, 45, 45, 19], True), ([longest + 7, 12], False)):
+        calls.clear()
+        ids, types = sequences(config, lengths, seed=len(lengths))
+        assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types),
+                      f"lengths {lengths}")
+        assert calls == [natively] * config.num_hidden_layers, (lengths, calls)
+    calls.clear()
+    model.train()
+    model(torch.tensor([ids[1]])).last_hidden_state.sum().backward()
+    assert calls == [], "the training path took the inference attention"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -336,6 +336,38 @@ class SelfAttention(nn.Module):
         residual add without dropout, run inside the output projection's kernel for inference). ``keep``: the
         output projection runs on these rows only (every row is a key and value); ``residual`` is theirs."""
         qkv = self.project(x, context.plan)
+        rows, probs = self.native_attention(qkv, context), None
+        if rows is None:
+            rows, probs = self.attend_groups(qkv, context)
+        if keep is not None:
+            rows = rows.index_select(0, keep)
+        if residual is None:
+            return apply_linear(context.plan, self.output, rows), probs
+        return plus_product(context.plan, residual, self.output, rows), probs
+
+    def native_attention(self, qkv: torch.Tensor, context: AttentionContext) -> torch.Tensor | None:
+        """The (rows, hidden) attention output of the whole batch in one native call (``kernels.native_attention``),
+        for inference of plain attention: no gradient, no probabilities asked for, no position terms (rotary,
+        DeBERTa's, MPNet's bias), no window shorter than the batch's longest sequence, as many key/value heads as
+        query heads, and nothing masked but the other sequences (packed in row order, no padding). None: the groups
+        run SDPA (``attend_groups``)."""
+        packing = context.packing
+        if self.training or torch.is_grad_enabled() or context.return_probs or context.dense \
+                or context.score_parts is not None or context.position_bias is not None:
+            return None
+        if self.rotary_kind is not None or self.pos_att_type or self.kv_heads != self.num_heads:
+            return None
+        longest = packing.max_length
+        if self.window_half is not None and longest > self.window_half + 1:
+            return None
+        if not packing.in_row_order or any(g.key_mask is not None or g.bias is not None for g in packing.groups):
+            return None
+        return kernels.native_attention(qkv, packing.cu_seqlens, self.num_heads, self.scale_or_default, longest)
+
+    def attend_groups(self, qkv: torch.Tensor, context: AttentionContext
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The (rows, hidden) attention output, group by group (SDPA, or the products where probabilities are asked
+        for or training draws its own dropout masks), and the last group's probabilities when asked for."""
         packing = context.packing
         hidden = self.num_heads * self.head_dim
         # Runs of equal-length sequences in row order (the engine's sorted batches) write their outputs in place;
@@ -360,12 +392,8 @@ class SelfAttention(nn.Module):
             else:
                 outputs.append(out.reshape(group.count, group.length, hidden))
         if not in_place:
-            rows = packing.from_grids(outputs) if outputs else x.new_zeros(0, hidden)
-        if keep is not None:
-            rows = rows.index_select(0, keep)
-        if residual is None:
-            return apply_linear(context.plan, self.output, rows), probs
-        return plus_product(context.plan, residual, self.output, rows), probs
+            rows = packing.from_grids(outputs) if outputs else qkv.new_zeros(0, hidden)
+        return rows, probs
 
     def split_heads(self, grid: torch.Tensor, count: int, length: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """The one module through which ``modeling/`` reaches the native library (``encoderkit.native``): the training
 kernels (attention probabilities, dropout, residual + dropout + LayerNorm, through ``library()``) and the inference
-kernel for short batches (``native_forward``). Each returns None, or is not called, where the library is absent or
+kernel for short batches (``native_forward``) and the inference attention of longer ones (``native_attention``). Each returns None, or is not called, where the library is absent or
 declines, and the callers then run PyTorch's operations."""
 from __future__ import annotations
 
@@ -20,3 +20,10 @@ def native_forward(encoder: torch.nn.Module, input_ids: torch.Tensor, token_type
                    position_ids: torch.Tensor | None, packing: Any) -> torch.Tensor | None:
     """The last layer's states of a short packed batch from the native kernel, or None where it does not apply."""
     return native.native_forward(encoder, input_ids, token_type_ids, position_ids, packing)
+
+
+def native_attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float,
+                     longest: int) -> torch.Tensor | None:
+    """Packed self-attention for inference, (tokens, 3 * hidden) q | k | v -> (tokens, hidden), from the native
+    library (``native.attention``), or None where it does not apply."""
+    return native.attention(qkv, starts, heads, scale, longest)

@@ -35,6 +35,10 @@ instructions, or 8-bit codes against 16-bit pair sums), an int8 model's batches 
 run here in fp32, exact and faster than PyTorch's int8 kernels on so few rows, and larger ones run PyTorch's int8
 kernels; this is logged once. The int8 guard's calibration always measures the int8 layers (``calibrating``).
 
+Its attention also runs alone (``attention``) as the PyTorch layers' inference attention for batches past
+``MAX_TOKENS`` whose sequences have at most ``ATTENTION_MAX_LENGTH`` tokens: one call for the packed batch, where SDPA
+takes one call per run of equal lengths, each with its own set-up.
+
 The same library holds kernels of the training step (``training.cpp``): dropout (Philox4x32-10 masks drawn and
 applied in one pass, drawn again for the backward pass; ``modeling.dropout``), attention's probabilities (softmax and
 that dropout in one pass, and their gradient; ``modeling.attention``), a post-norm layer's residual add, dropout and
@@ -74,6 +78,10 @@ MAX_TOKENS = 64
 # sequences an embedding model usually takes; where it adds pairs of products in 16 bits (AVX2, AVX512BW) only up to
 # short ones (bench/int8_lengths.py, BENCHMARKS.md). In fp32 it lost from a few hundred tokens on, hence MAX_TOKENS.
 INT8_MAX_TOKENS = 2048
+# The PyTorch layers' inference attention (``attention``) runs here where a batch's longest sequence has at most this
+# many tokens: there the kernel's attention beat SDPA's on the 256-bit and the 512-bit build, and past it SDPA's
+# blocked kernel caught up (bench/attention_lengths.py, BENCHMARKS.md).
+ATTENTION_MAX_LENGTH = 256
 INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
 ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
@@ -101,6 +109,28 @@ def adamw_rows(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
     lib.ek_adamw_rows(param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), rows, width,
                       active.data_ptr(), touched.data_ptr(), decay, betas[0], betas[1], step_size, bc2_sqrt, eps,
                       inv_scale, torch.get_num_threads())
+
+
+def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float, longest: int) -> torch.Tensor | None:
+    """Self-attention of packed sequences, for the PyTorch layers' inference: (tokens, 3 * hidden) rows of query |
+    key | value, heads side by side in each, -> (tokens, hidden), each sequence (rows ``starts[s]`` to
+    ``starts[s + 1]``, ``longest`` rows at most) attending within itself, softmax(q k^T * scale) v. The kernel's own
+    attention (``attention_part`` in small_batch.cpp), on torch's threads: one call for the whole batch, where SDPA
+    takes one call per run of equal lengths. None where it does not apply (no library, not fp32 on the CPU, a
+    gradient to keep, a sequence longer than ``ATTENTION_MAX_LENGTH``); the caller then runs SDPA."""
+    if longest > ATTENTION_MAX_LENGTH or qkv.dtype != torch.float32 or qkv.device.type != "cpu" \
+            or qkv.requires_grad or qkv.dim() != 2 or qkv.shape[1] % (3 * heads):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    qkv = qkv.contiguous()
+    hidden = qkv.shape[1] // 3
+    out = qkv.new_empty(qkv.shape[0], hidden)
+    starts = starts.to(torch.int64).contiguous()
+    lib.ek_attention(qkv.data_ptr(), out.data_ptr(), starts.data_ptr(), starts.shape[0] - 1, heads, hidden // heads,
+                     scale, torch.get_num_threads())
+    return out
 
 
 def int8_weight_limit() -> int:
@@ -443,6 +473,6 @@ def reset(model: nn.Module) -> None:
         inference.native, inference.native_checked = None, False
 
 
-__all__ = ["INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "disable", "eligible",
+__all__ = ["ATTENTION_MAX_LENGTH", "INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "attention", "disable", "eligible",
            "fp32_product", "int8_available", "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of",
            "library", "native_forward", "reset", "status"]

@@ -199,6 +199,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ek_product": ([pointer, pointer, pointer, integer, integer, integer], None),
         "ek_encode": ([pointer, pointer, integer, integer, integer, integer, integer, pointer, pointer, integer,
                        integer, single, single, integer], integer),
+        "ek_attention": ([pointer, pointer, pointer, integer, integer, integer, single, integer], None),
         "ek_vector_width": ([], integer),
         "ek_int8": ([], integer),
         "ek_phases": ([pointer], integer),

@@ -1,6 +1,7 @@
 // encoderkit's native kernel for the layers of a post-norm encoder (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA)
-// on few tokens: one short text, a few (the serving case). See encoderkit/native/__init__.py for why it exists,
-// when it runs, and how it is built (g++ at first use, for the CPU it runs on).
+// on few tokens: one short text, a few (the serving case); and its attention alone (ek_attention), the PyTorch
+// layers' inference attention on longer batches. See encoderkit/native/__init__.py for why they exist, when they
+// run, and how the library is built (g++ at first use, for the CPU it runs on).
 //
 // No torch headers and no BLAS: the whole layer stack runs in one call, so no Python, no dispatcher and no
 // allocation sits between two ops. With few rows a matrix product is bound by reading its weights, so each
@@ -382,20 +383,104 @@ struct Attention {
   float scale;
 };
 
-// Queries a block of QB at a time, so that QB sums are in flight at once (one query's dot products form a chain of
-// dependent multiply-adds): the scores against a vector of keys at a time, from the keys transposed (dim, keys); the
-// probabilities times the values a vector of dimensions at a time. A block past the last query repeats it (its
-// results are not stored). The softmax runs a row at a time in vectors (below): a row's maximum and sum as one
-// scalar chain each cost about as much as both products at a few hundred keys (bench/int8_lengths.py).
-constexpr int QB = 4;
+// Per (sequence, head), with the queries across the vector lanes: the scores are held transposed, a row per key and
+// a lane per query (ST[j][i]), so the softmax over each query's keys runs down the rows, VW queries at once, with no
+// sum or maximum across lanes. The queries are transposed first (dim, queries), scaled. Both products run in blocks
+// held in registers, as the linear layers' do: KR keys x QC vectors of queries for the scores, PR queries x DC
+// vectors of dimensions for the output, enough independent multiply-adds in flight to hide their latency and one
+// load serving several of them. A block past the last key or query repeats it (its results are not stored).
+// EK_ATT_* (compiler flags) set other block sizes, for measuring.
+#if VW == 16
+constexpr int ATT_DEFAULTS[4] = {6, 3, 8, 2};
+#else
+constexpr int ATT_DEFAULTS[4] = {6, 2, 6, 2};
+#endif
+#ifndef EK_ATT_KR
+#define EK_ATT_KR ATT_DEFAULTS[0]
+#endif
+#ifndef EK_ATT_QC
+#define EK_ATT_QC ATT_DEFAULTS[1]
+#endif
+#ifndef EK_ATT_PR
+#define EK_ATT_PR ATT_DEFAULTS[2]
+#endif
+#ifndef EK_ATT_DC
+#define EK_ATT_DC ATT_DEFAULTS[3]
+#endif
+constexpr int KR = EK_ATT_KR, QC = EK_ATT_QC, PR = EK_ATT_PR, DC = EK_ATT_DC;
+
+// ST[r][i + c VW ...] = sum_d k_r[d] qt[d][i + c VW ...], for keys r < count (rows[r] for r < R)
+template <int R, int C>
+static inline void scores_block(const float* const* rows, const float* qt, int columns, int i, int dim, float* ST,
+                                int count) {
+  vf acc[R][C];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) acc[r][c] = splat(0.0f);
+  for (int d = 0; d < dim; d++) {
+    const float* q = qt + (size_t)d * columns + i;
+    vf qv[C];
+    for (int c = 0; c < C; c++) qv[c] = loadu(q + c * VW);
+    for (int r = 0; r < R; r++) {
+      const float kr = rows[r][d];  // a scalar times a vector: a broadcast load (splat adds 0, a step more)
+      for (int c = 0; c < C; c++) acc[r][c] += kr * qv[c];
+    }
+  }
+  for (int r = 0; r < R; r++)  // a whole block's stores unrolled: the sums stay in registers
+    if (r < count)
+      for (int c = 0; c < C; c++) storeu(ST + (size_t)r * columns + i + c * VW, acc[r][c]);
+}
+
+// out_r[d + c VW ...] = inverse[r] sum_j PT[j][r] v_j[d + c VW ...], for queries r < count
+template <int R, int C>
+static inline void values_block(const float* PT, int columns, const float* inverse, const float* v, int stride, int n,
+                                int d, float* out, int hidden, int count) {
+  vf acc[R][C];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) acc[r][c] = splat(0.0f);
+  for (int j = 0; j < n; j++) {
+    const float* vj = v + (size_t)j * stride + d;
+    vf vv[C];
+    for (int c = 0; c < C; c++) vv[c] = loadu(vj + c * VW);
+    for (int r = 0; r < R; r++) {
+      const float p = PT[(size_t)j * columns + r];
+      for (int c = 0; c < C; c++) acc[r][c] += p * vv[c];
+    }
+  }
+  for (int r = 0; r < R; r++)
+    if (r < count)
+      for (int c = 0; c < C; c++) storeu(out + (size_t)r * hidden + d + c * VW, acc[r][c] * inverse[r]);
+}
+
+// dst[t][0..8] = scale * src[0..8][t] for t < 8: eight rows of eight (rows ``stride`` apart) transposed in registers
+static inline void transpose8(const float* src, size_t stride, float* dst, size_t columns, float scale) {
+  const __m256 f = _mm256_set1_ps(scale);
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; k++) r[k] = _mm256_mul_ps(_mm256_loadu_ps(src + k * stride), f);
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+    r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+    r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+    r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; k++) {
+    _mm256_storeu_ps(dst + k * columns, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+    _mm256_storeu_ps(dst + (k + 4) * columns, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+  }
+}
 
 void attention_part(const Attention& a, int part, int parts) {
   int begin, end;
   split(a.sequences * a.heads, part, parts, &begin, &end);
-  const int width = (a.longest + VW - 1) / VW * VW;
-  thread_local std::vector<float> keys, scores;
-  if (keys.size() < (size_t)a.dim * width) keys.resize((size_t)a.dim * width);
-  if (scores.size() < (size_t)(a.longest + QB) * width) scores.resize((size_t)(a.longest + QB) * width);
+  // queries rounded up to whole vectors, plus a block's repeats past the last one (read by values_block, not used)
+  const int width = (a.longest + VW - 1) / VW * VW + PR;
+  thread_local std::vector<float> queries, scores, inverses;
+  if (queries.size() < (size_t)a.dim * width) queries.resize((size_t)a.dim * width);
+  if (scores.size() < (size_t)a.longest * width) scores.resize((size_t)a.longest * width);
+  if (inverses.size() < (size_t)width) inverses.resize(width);
   const int stride = 3 * a.hidden, dim = a.dim;
   for (int task = begin; task < end; task++) {
     int s = task / a.heads, h = task % a.heads;
@@ -404,64 +489,62 @@ void attention_part(const Attention& a, int part, int parts) {
     const float* q = a.qkv + first * stride + h * dim;
     const float* k = q + a.hidden;
     const float* v = q + 2 * a.hidden;
-    float* S = scores.data();
-    for (int d = 0; d < dim; d++) {
-      float* row = keys.data() + (size_t)d * columns;
-      for (int j = 0; j < n; j++) row[j] = k[(size_t)j * stride + d];
-      for (int j = n; j < columns; j++) row[j] = 0.0f;
-    }
-    for (int i0 = 0; i0 < n; i0 += QB) {
-      const float* rows[QB];
-      for (int b = 0; b < QB; b++) rows[b] = q + (size_t)std::min(i0 + b, n - 1) * stride;
-      for (int j = 0; j < columns; j += VW) {
-        vf acc[QB];
-        for (int b = 0; b < QB; b++) acc[b] = splat(0.0f);
-        for (int d = 0; d < dim; d++) {
-          const vf kv = loadu(keys.data() + (size_t)d * columns + j);
-          for (int b = 0; b < QB; b++) acc[b] += rows[b][d] * kv;
-        }
-        for (int b = 0; b < QB; b++) storeu(S + (size_t)(i0 + b) * columns + j, acc[b] * a.scale);
-      }
-    }
-    // softmax a row at a time, in vectors: the columns past the last key are -inf (probability 0), the maximum is
-    // exact in any order, and the sum is taken in VW lanes (a dependent chain a lane, not one for the row)
+    float* ST = scores.data();
+    float* qt = queries.data();
+    float* inverse = inverses.data();
+    const int whole = n / 8 * 8, dims = dim / 8 * 8;  // 8 x 8 tiles in registers, the edges one by one
+    for (int i = 0; i < whole; i += 8)
+      for (int d = 0; d < dims; d += 8)
+        transpose8(q + (size_t)i * stride + d, stride, qt + (size_t)d * columns + i, columns, a.scale);
     for (int i = 0; i < n; i++) {
-      float* row = S + (size_t)i * columns;
-      for (int j = n; j < columns; j++) row[j] = -__builtin_inff();
-      vf top = loadu(row);
-      for (int j = VW; j < columns; j += VW) {
-        const vf x = loadu(row + j);
+      const float* qi = q + (size_t)i * stride;
+      for (int d = i < whole ? dims : 0; d < dim; d++) qt[(size_t)d * columns + i] = qi[d] * a.scale;
+    }
+    for (int d = 0; d < dim; d++)
+      for (int i = n; i < columns; i++) qt[(size_t)d * columns + i] = 0.0f;
+    for (int j0 = 0; j0 < n; j0 += KR) {
+      const float* rows[KR];
+      for (int r = 0; r < KR; r++) rows[r] = k + (size_t)std::min(j0 + r, n - 1) * stride;
+      const int count = std::min(KR, n - j0);
+      float* row = ST + (size_t)j0 * columns;
+      int i = 0;
+      for (; i + QC * VW <= columns; i += QC * VW) scores_block<KR, QC>(rows, qt, columns, i, dim, row, count);
+      if (QC > 2 && i + 2 * VW <= columns) {
+        scores_block<KR, (QC > 2 ? 2 : 1)>(rows, qt, columns, i, dim, row, count);
+        i += (QC > 2 ? 2 : 1) * VW;
+      }
+      for (; i < columns; i += VW) scores_block<KR, 1>(rows, qt, columns, i, dim, row, count);
+    }
+    // each query's softmax over its keys, down the rows, VW queries at a time: the maximum, then exp and the sum
+    // (in key order, a chain a lane); the division waits for the output's store (values_block)
+    for (int i = 0; i < columns; i += VW) {
+      vf top = loadu(ST + i);
+      for (int j = 1; j < n; j++) {
+        const vf x = loadu(ST + (size_t)j * columns + i);
         top = x > top ? x : top;
       }
-      const float m = horizontal_max(top);
-      vf lanes = splat(0.0f);
-      for (int j = 0; j < columns; j += VW) {
-        const vf x = loadu(row + j);
-        const vf e = x == -__builtin_inff() ? splat(0.0f) : vexp(x - m);
-        storeu(row + j, e);
-        lanes += e;
+      vf sum = splat(0.0f);
+      for (int j = 0; j < n; j++) {
+        float* x = ST + (size_t)j * columns + i;
+        const vf e = vexp(loadu(x) - top);
+        storeu(x, e);
+        sum += e;
       }
-      const float inverse = 1.0f / horizontal_sum(lanes);
-      for (int j = 0; j < columns; j += VW) storeu(row + j, loadu(row + j) * inverse);
+      storeu(inverse + i, splat(1.0f) / sum);
     }
-    for (int i0 = 0; i0 < n; i0 += QB) {
-      const int count = std::min(QB, n - i0);
+    for (int i0 = 0; i0 < n; i0 += PR) {
+      const int count = std::min(PR, n - i0);
       float* out = a.out + (first + i0) * a.hidden + h * dim;
+      const float* PT = ST + i0;
       int d = 0;
-      for (; d + VW <= dim; d += VW) {
-        vf acc[QB];
-        for (int b = 0; b < QB; b++) acc[b] = splat(0.0f);
-        for (int j = 0; j < n; j++) {
-          const vf vj = loadu(v + (size_t)j * stride + d);
-          for (int b = 0; b < QB; b++) acc[b] += S[(size_t)(i0 + b) * columns + j] * vj;
-        }
-        for (int b = 0; b < count; b++) storeu(out + (size_t)b * a.hidden + d, acc[b]);
-      }
+      for (; d + DC * VW <= dim; d += DC * VW)
+        values_block<PR, DC>(PT, columns, inverse + i0, v, stride, n, d, out, a.hidden, count);
+      for (; d + VW <= dim; d += VW) values_block<PR, 1>(PT, columns, inverse + i0, v, stride, n, d, out, a.hidden, count);
       for (; d < dim; d++)
         for (int b = 0; b < count; b++) {
           float sum = 0.0f;
-          for (int j = 0; j < n; j++) sum += S[(size_t)(i0 + b) * columns + j] * v[(size_t)j * stride + d];
-          out[(size_t)b * a.hidden + d] = sum;
+          for (int j = 0; j < n; j++) sum += PT[(size_t)j * columns + b] * v[(size_t)j * stride + d];
+          out[(size_t)b * a.hidden + d] = sum * inverse[i0 + b];
         }
     }
   }
@@ -631,6 +714,18 @@ void ek_pack_int8(const int8_t* weight, int8_t* packed, int32_t* sums, int N, in
 // One product, y = x W^T + b (M, N), on the calling thread: the kernel's own product, for tests.
 void ek_product(const void* linear, const float* x, float* y, int M, int N, int K) {
   product_part(*(const Linear*)linear, x, y, nullptr, M, N, K, BIAS, 0, 0, 1);
+}
+
+// Attention alone, for the PyTorch layers' inference: packed (T, 3H) q | k | v -> (T, H), each sequence (rows
+// starts[s] to starts[s + 1]) attending within itself, on ``threads`` threads.
+void ek_attention(const float* qkv, float* out, const int64_t* starts, int sequences, int heads, int dim, float scale,
+                  int threads) {
+  int longest = 0;
+  for (int s = 0; s < sequences; s++) longest = std::max(longest, (int)(starts[s + 1] - starts[s]));
+  const Attention attention{qkv, out, starts, sequences, heads, dim, heads * dim, longest, scale};
+  threads = std::max(1, std::min(threads, sequences * heads));
+#pragma omp parallel num_threads(threads)
+  attention_part(attention, omp_get_thread_num(), omp_get_num_threads());
 }
 
 // One call: the embeddings (where ``embedding`` is given) and every layer. x: (T, H) out (and in, the embeddings'
