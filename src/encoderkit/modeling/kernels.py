@@ -1,7 +1,8 @@
 """The one module through which ``modeling/`` reaches the native library (``encoderkit.native``): the training
-kernels (attention probabilities, dropout, residual + dropout + LayerNorm, through ``library()``) and the inference
-kernel for short batches (``native_forward``) and the inference attention of longer ones (``native_attention``). Each returns None, or is not called, where the library is absent or
-declines, and the callers then run PyTorch's operations."""
+kernels (attention probabilities, dropout, residual + dropout + LayerNorm, through ``library()``), the inference
+kernel for short batches (``native_forward``) and the inference attention of longer ones (``native_attention``).
+Each returns None, or is not called, where the library is absent or declines, and the callers then run PyTorch's
+operations."""
 from __future__ import annotations
 
 from typing import Any

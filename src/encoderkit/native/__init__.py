@@ -78,11 +78,11 @@ MAX_TOKENS = 64
 # sequences an embedding model usually takes; where it adds pairs of products in 16 bits (AVX2, AVX512BW) only up to
 # short ones (bench/int8_lengths.py, BENCHMARKS.md). In fp32 it lost from a few hundred tokens on, hence MAX_TOKENS.
 INT8_MAX_TOKENS = 2048
+INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
 # The PyTorch layers' inference attention (``attention``) runs here where a batch's longest sequence has at most this
 # many tokens: there the kernel's attention beat SDPA's on the 256-bit and the 512-bit build, and past it SDPA's
 # blocked kernel caught up (bench/attention_lengths.py, BENCHMARKS.md).
 ATTENTION_MAX_LENGTH = 256
-INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
 ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
 def sum_of_squares(tensors: list[torch.Tensor]) -> float | None:
@@ -473,6 +473,6 @@ def reset(model: nn.Module) -> None:
         inference.native, inference.native_checked = None, False
 
 
-__all__ = ["ATTENTION_MAX_LENGTH", "INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "attention", "disable", "eligible",
-           "fp32_product", "int8_available", "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of",
-           "library", "native_forward", "reset", "status"]
+__all__ = ["ATTENTION_MAX_LENGTH", "INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "attention",
+           "disable", "eligible", "fp32_product", "int8_available", "int8_max_length", "int8_product",
+           "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]

@@ -539,7 +539,8 @@ void attention_part(const Attention& a, int part, int parts) {
       int d = 0;
       for (; d + DC * VW <= dim; d += DC * VW)
         values_block<PR, DC>(PT, columns, inverse + i0, v, stride, n, d, out, a.hidden, count);
-      for (; d + VW <= dim; d += VW) values_block<PR, 1>(PT, columns, inverse + i0, v, stride, n, d, out, a.hidden, count);
+      for (; d + VW <= dim; d += VW)
+        values_block<PR, 1>(PT, columns, inverse + i0, v, stride, n, d, out, a.hidden, count);
       for (; d < dim; d++)
         for (int b = 0; b < count; b++) {
           float sum = 0.0f;
