@@ -122,6 +122,17 @@ def test_planted_trigger_is_found_at_rank_1(backdoored_dir, clean_texts, one_thr
         assert candidate.trials == report.verification_texts[candidate.target] <= 60
 
 
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_default_dtype_is_bf16_only_where_the_cpu_computes_it(clean_dir, monkeypatch, native_bf16) -> None:
+    """The Python default is the CLI's, "auto": bf16 where it is native, fp32 where it would be emulated (an AVX2
+    CPU, where emulated bf16 products run many times slower than fp32)."""
+    from encoderkit import precision
+
+    monkeypatch.setattr(precision, "device_has_native_bf16", lambda device: native_bf16)
+    scanner = BackdoorTriggerScanner.from_pretrained(clean_dir)
+    assert scanner.classifier.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
+
+
 def test_clean_model_is_called_clean(clean_dir, clean_texts, one_thread) -> None:
     report = BackdoorTriggerScanner.from_pretrained(clean_dir, dtype="fp32", verify_texts=60).scan(clean_texts)
     assert report.verdict == "clean" and not report.backdoored

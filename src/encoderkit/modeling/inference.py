@@ -97,7 +97,7 @@ class Prepacked:
         self.bias = None if bias is None else bias.to(self.dtype).contiguous()
         self.packed = self.small_packed = None
         if self.weight.device.type == "cpu" and _onednn_available():
-            try:  # 5-15% faster products than F.linear on CPU (measured on the embedding bench)
+            try:  # faster products than F.linear on CPU (bench/encode.py measures the embedding path)
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 256)
                 torch.ops.mkldnn._linear_pointwise(torch.zeros(2, self.weight.shape[1], dtype=self.dtype),
                                                    self.packed, self.bias, "none", [], "")

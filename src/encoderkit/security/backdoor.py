@@ -252,8 +252,10 @@ class BackdoorTriggerScanner:
         self._vocabulary: tuple[list[str], list[int]] | None = None
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, *, dtype: str = "bf16", **options) -> "BackdoorTriggerScanner":
-        """A scanner over a fine-tuned classifier directory (bf16 by default: the screen runs ~2x faster)."""
+    def from_pretrained(cls, model_dir: str | Path, *, dtype: str = "auto", **options) -> "BackdoorTriggerScanner":
+        """A scanner over a fine-tuned classifier directory. ``dtype`` "auto" (the default, as `encoderkit scan
+        backdoor`'s): bf16 where the CPU computes it natively, where the screen's many forward passes run faster,
+        and fp32 where bf16 would be emulated (an AVX2 CPU), many times slower."""
         return cls(Classifier.from_pretrained(model_dir, dtype=dtype), **options)
 
     @property

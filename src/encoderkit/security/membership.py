@@ -105,7 +105,7 @@ class TextScores:
 class MLMScorer:
     """Per-text loss and PLL scores of one masked language model, on the packed fast path.
 
-    ``dtype="bf16"`` runs the matrix products in bf16 (about twice as fast on CPUs with native bf16);
+    ``dtype="bf16"`` runs the matrix products in bf16 (faster on CPUs with native bf16, slower where it is emulated);
     scores then move by about 1e-2, far less than membership moves them after a few epochs of training,
     but use fp32 where exact numbers matter.
     """
