@@ -311,13 +311,15 @@ def test_attention_declines_what_it_does_not_compute():
     assert native.attention(torch.randn(4, 50), torch.tensor([0, 4]), 2, 0.3, 4) is None
 
 
-def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(tmp_path, monkeypatch):
-    """A batch longer than MAX_TOKENS runs the PyTorch layers; their attention runs natively (one call a layer)
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
+def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(family, tmp_path, monkeypatch):
+    """A batch longer than MAX_TOKENS runs the PyTorch layers; their attention runs natively (one call a layer run)
     where its longest sequence has at most ATTENTION_MAX_LENGTH tokens, and SDPA past it: the states equal
-    transformers' either way, and no training or gradient path takes it."""
+    transformers' either way (ALBERT's shared layers, RoBERTa's positions, each family's scale), and no training or
+    gradient path takes it."""
     from encoderkit.modeling import kernels
 
-    config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=512)
+    config, reference, model = reference_and_ours(family, tmp_path, max_position_embeddings=512)
     engine = engine_for(model, "fp32")
     calls: list[bool] = []
     original = kernels.native_attention
@@ -329,7 +331,7 @@ def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(tmp_p
         ids, types = sequences(config, lengths, seed=len(lengths))
         assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types),
                       f"lengths {lengths}")
-        assert calls == [natively] * config.num_hidden_layers, (lengths, calls)
+        assert calls == [natively] * len(model.layer_schedule()), (lengths, calls)
     calls.clear()
     model.train()
     model(torch.tensor([ids[1]])).last_hidden_state.sum().backward()
