@@ -277,13 +277,13 @@ def float64_attention(qkv: np.ndarray, starts: list[int], heads: int, scale: flo
 def test_attention_equals_float64_attention(dim, threads):
     """The kernel's attention of packed sequences (``native.attention``, the PyTorch layers' inference attention)
     against its definition in float64, sequence by sequence: lengths that fill whole 8 x 8 tiles and whole vectors
-    of 8 and 16 lanes (16, 64) and lengths that leave an edge of each (1, 7, 9, 17, 33, 100), up to
-    ATTENTION_MAX_LENGTH; head sizes of whole vectors (32, 64) and not (20: the edges of the transposition and of
-    the output done element by element); 3 heads; on 1 and 2 threads. Scores of about 3 standard deviations make
+    of 8 and 16 lanes (16, 64) and lengths that leave an edge of each (1, 7, 9, 17, 33, 100), up to the build's
+    ``attention_max_length()``; head sizes of whole vectors (32, 64) and not (20: the edges of the transposition
+    and of the output done element by element); 3 heads; on 1 and 2 threads. Scores of about 3 standard deviations make
     peaked and flat rows. Within 1e-5: fp32 rounding is about 1e-6 here, and a wrong row, head or key is off by
     the values' scale (about 1)."""
     heads, generator = 3, np.random.default_rng(dim)
-    lengths = [16, 1, 7, 64, 9, 17, 33, 100, native.ATTENTION_MAX_LENGTH]
+    lengths = [16, 1, 7, 64, 9, 17, 33, 100, native.attention_max_length()]
     starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     qkv = generator.standard_normal((starts[-1], 3 * heads * dim)).astype(np.float32)
     scale = 3.0 / dim**0.5
@@ -300,9 +300,9 @@ def test_attention_equals_float64_attention(dim, threads):
 
 
 def test_attention_declines_what_it_does_not_compute():
-    """Past ATTENTION_MAX_LENGTH (where SDPA's kernel is the faster), in bf16, with a gradient to keep, or rows
+    """Past ``attention_max_length()`` (where SDPA's kernel is the faster), in bf16, with a gradient to keep, or rows
     that are not whole heads of q | k | v: None, and the caller runs SDPA."""
-    longest = native.ATTENTION_MAX_LENGTH
+    longest = native.attention_max_length()
     qkv = torch.randn(longest + 1, 3 * 2 * 8)
     assert native.attention(qkv, torch.tensor([0, longest + 1]), 2, 0.3, longest + 1) is None
     assert native.attention(qkv[:longest], torch.tensor([0, longest]), 2, 0.3, longest) is not None
@@ -314,12 +314,12 @@ def test_attention_declines_what_it_does_not_compute():
 @pytest.mark.parametrize("family", KERNEL_FAMILIES)
 def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(family, tmp_path, monkeypatch):
     """A batch longer than MAX_TOKENS runs the PyTorch layers; their attention runs natively (one call a layer run)
-    where its longest sequence has at most ATTENTION_MAX_LENGTH tokens, and SDPA past it: the states equal
+    where its longest sequence has at most ``attention_max_length()`` tokens, and SDPA past it: the states equal
     transformers' either way (ALBERT's shared layers, RoBERTa's positions, each family's scale), and no training or
     gradient path takes it."""
     from encoderkit.modeling import kernels
 
-    config, reference, model = reference_and_ours(family, tmp_path, max_position_embeddings=512)
+    config, reference, model = reference_and_ours(family, tmp_path, max_position_embeddings=1024)
     engine = engine_for(model, "fp32")
     calls: list[bool] = []  # per call: whether it ran natively
     original = kernels.native_attention
@@ -330,7 +330,7 @@ def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(famil
         return out
 
     monkeypatch.setattr(kernels, "native_attention", counted)
-    longest = native.ATTENTION_MAX_LENGTH
+    longest = native.attention_max_length()
     for lengths, natively in (([70, 45, 45, 19], True), ([longest + 7, 12], False)):
         calls.clear()
         ids, types = sequences(config, lengths, seed=len(lengths))

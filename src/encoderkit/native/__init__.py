@@ -36,8 +36,8 @@ run here in fp32, exact and faster than PyTorch's int8 kernels on so few rows, a
 kernels; this is logged once. The int8 guard's calibration always measures the int8 layers (``calibrating``).
 
 Its attention also runs alone (``attention``) as the PyTorch layers' inference attention for batches past
-``MAX_TOKENS`` whose sequences have at most ``ATTENTION_MAX_LENGTH`` tokens: one call for the packed batch, where SDPA
-takes one call per run of equal lengths, each with its own set-up.
+``MAX_TOKENS`` whose sequences have at most ``attention_max_length()`` tokens: one call for the packed batch, where
+SDPA takes one call per run of equal lengths, each with its own set-up.
 
 The same library holds kernels of the training step (``training.cpp``): dropout (Philox4x32-10 masks drawn and
 applied in one pass, drawn again for the backward pass; ``modeling.dropout``), attention's probabilities (softmax and
@@ -80,9 +80,9 @@ MAX_TOKENS = 64
 INT8_MAX_TOKENS = 2048
 INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
 # The PyTorch layers' inference attention (``attention``) runs here where a batch's longest sequence has at most this
-# many tokens: there the kernel's attention beat SDPA's on the 256-bit and the 512-bit build, and past it SDPA's
-# blocked kernel caught up (bench/attention_lengths.py, BENCHMARKS.md).
-ATTENTION_MAX_LENGTH = 256
+# many tokens, by the build's vector lanes (8: 256-bit, 16: 512-bit): up to there the kernel's attention beat SDPA's,
+# and past it SDPA's blocked kernel caught up (bench/attention_lengths.py, BENCHMARKS.md).
+ATTENTION_MAX_LENGTHS = {8: 256, 16: 512}
 ACTIVATIONS = {"gelu": 0, "relu": 1, "gelu_new": 2, "gelu_fast": 2, "gelu_pytorch_tanh": 2}
 
 def sum_of_squares(tensors: list[torch.Tensor]) -> float | None:
@@ -117,13 +117,11 @@ def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float,
     ``starts[s + 1]``, ``longest`` rows at most) attending within itself, softmax(q k^T * scale) v. The kernel's own
     attention (``attention_part`` in small_batch.cpp), on torch's threads: one call for the whole batch, where SDPA
     takes one call per run of equal lengths. None where it does not apply (no library, not fp32 on the CPU, a
-    gradient to keep, a sequence longer than ``ATTENTION_MAX_LENGTH``); the caller then runs SDPA."""
-    if longest > ATTENTION_MAX_LENGTH or qkv.dtype != torch.float32 or qkv.device.type != "cpu" \
-            or qkv.requires_grad or qkv.dim() != 2 or qkv.shape[1] % (3 * heads):
+    gradient to keep, a sequence longer than ``attention_max_length()``); the caller then runs SDPA."""
+    if qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.requires_grad or qkv.dim() != 2 \
+            or qkv.shape[1] % (3 * heads) or longest > attention_max_length():
         return None
     lib = library()
-    if lib is None:
-        return None
     qkv = qkv.contiguous()
     hidden = qkv.shape[1] // 3
     out = qkv.new_empty(qkv.shape[0], hidden)
@@ -131,6 +129,13 @@ def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float,
     lib.ek_attention(qkv.data_ptr(), out.data_ptr(), starts.data_ptr(), starts.shape[0] - 1, heads, hidden // heads,
                      scale, torch.get_num_threads())
     return out
+
+
+def attention_max_length() -> int:
+    """The longest sequence a batch may hold for its attention to run here (``ATTENTION_MAX_LENGTHS``, by this
+    build's vector lanes); 0 where the library is not built."""
+    lib = library()
+    return 0 if lib is None else ATTENTION_MAX_LENGTHS.get(lib.ek_vector_width(), min(ATTENTION_MAX_LENGTHS.values()))
 
 
 def int8_weight_limit() -> int:
@@ -473,6 +478,6 @@ def reset(model: nn.Module) -> None:
         inference.native, inference.native_checked = None, False
 
 
-__all__ = ["ATTENTION_MAX_LENGTH", "INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "attention",
-           "disable", "eligible", "fp32_product", "int8_available", "int8_max_length", "int8_product",
-           "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]
+__all__ = ["ATTENTION_MAX_LENGTHS", "INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "attention",
+           "attention_max_length", "disable", "eligible", "fp32_product", "int8_available", "int8_max_length",
+           "int8_product", "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]
