@@ -360,7 +360,7 @@ class SelfAttention(nn.Module):
         longest = packing.max_length
         if self.window_half is not None and longest > self.window_half + 1:
             return None
-        if not packing.in_row_order or any(g.key_mask is not None or g.bias is not None for g in packing.groups):
+        if not packing.by_sequence_only:
             return None
         return kernels.native_attention(qkv, packing.cu_seqlens, self.num_heads, self.scale_or_default, longest)
 

@@ -149,6 +149,12 @@ class Packing:
         return self.slot_rows is None and not self.padded
 
     @property
+    def by_sequence_only(self) -> bool:
+        """Rows in order (``in_row_order``) and nothing masked but the other sequences (no group has a padding key mask
+        or a bias): ``cu_seqlens`` alone says who attends to whom, all the native kernels take."""
+        return self.in_row_order and all(group.key_mask is None and group.bias is None for group in self.groups)
+
+    @property
     def max_length(self) -> int:
         return max((group.length for group in self.groups), default=0)
 

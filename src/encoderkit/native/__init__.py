@@ -118,10 +118,10 @@ def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float,
     attention (``attention_part`` in small_batch.cpp), on torch's threads: one call for the whole batch, where SDPA
     takes one call per run of equal lengths. None where it does not apply (no library, not fp32 on the CPU, a
     gradient to keep, a sequence longer than ``attention_max_length()``); the caller then runs SDPA."""
-    if qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.requires_grad or qkv.dim() != 2 \
-            or qkv.shape[1] % (3 * heads) or longest > attention_max_length():
-        return None
     lib = library()
+    if lib is None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.requires_grad \
+            or qkv.dim() != 2 or qkv.shape[1] % (3 * heads) or longest > _attention_limit(lib):
+        return None
     qkv = qkv.contiguous()
     hidden = qkv.shape[1] // 3
     out = qkv.new_empty(qkv.shape[0], hidden)
@@ -135,7 +135,11 @@ def attention_max_length() -> int:
     """The longest sequence a batch may hold for its attention to run here (``ATTENTION_MAX_LENGTHS``, by this
     build's vector lanes); 0 where the library is not built."""
     lib = library()
-    return 0 if lib is None else ATTENTION_MAX_LENGTHS.get(lib.ek_vector_width(), min(ATTENTION_MAX_LENGTHS.values()))
+    return 0 if lib is None else _attention_limit(lib)
+
+
+def _attention_limit(lib: ctypes.CDLL) -> int:
+    return ATTENTION_MAX_LENGTHS.get(lib.ek_vector_width(), min(ATTENTION_MAX_LENGTHS.values()))
 
 
 def int8_weight_limit() -> int:
@@ -414,8 +418,7 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
     inference = getattr(encoder, "inference_plan", None)  # for_inference's plan: the kernel's layout lives on it
     if inference is None or tokens > INT8_MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" \
             or encoder.training or torch.is_grad_enabled() or inference.dtype not in _KERNEL_DTYPES \
-            or getattr(encoder, "traceable", False) or not packing.in_row_order \
-            or any(group.key_mask is not None or group.bias is not None for group in packing.groups):
+            or getattr(encoder, "traceable", False) or not packing.by_sequence_only:
         return None
     plan = inference.native
     if plan is None:

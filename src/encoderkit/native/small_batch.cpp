@@ -509,9 +509,11 @@ void attention_part(const Attention& a, int part, int parts) {
       float* row = ST + (size_t)j0 * columns;
       int i = 0;
       for (; i + QC * VW <= columns; i += QC * VW) scores_block<KR, QC>(rows, qt, columns, i, dim, row, count);
-      if (QC > 2 && i + 2 * VW <= columns) {
-        scores_block<KR, (QC > 2 ? 2 : 1)>(rows, qt, columns, i, dim, row, count);
-        i += (QC > 2 ? 2 : 1) * VW;
+      if constexpr (QC > 2) {  // two vectors left: one block of two, not two of one
+        if (i + 2 * VW <= columns) {
+          scores_block<KR, 2>(rows, qt, columns, i, dim, row, count);
+          i += 2 * VW;
+        }
       }
       for (; i < columns; i += VW) scores_block<KR, 1>(rows, qt, columns, i, dim, row, count);
     }
