@@ -92,6 +92,15 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, value
 
 
+def batch_of_length(tokenizer: Any, texts: list[str], length: int, tokens: int = 2048) -> list[list[int]]:
+    """``tokens // length`` sequences of exactly ``length`` token ids: runs of 40 of ``texts``, cut by ``tokenizer``
+    (an encoderkit tokenizer), for timing batches of one length."""
+    runs = [" ".join(texts[(k * 40 + j) % len(texts)] for j in range(40)) for k in range(tokens // length)]
+    ids = tokenizer.encode_ids(runs, max_length=length)[0]
+    assert all(len(x) == length for x in ids), "a run of texts shorter than the length"
+    return ids
+
+
 def median(values: list[float]) -> float:
     return float(statistics.median(values))
 

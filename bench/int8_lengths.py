@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from common import SHARED, require, smoke_size, write_result
+from common import SHARED, batch_of_length, require, smoke_size, write_result
 
 LENGTHS = (32, 64, 128, 256)
 LIMITS = (64, 128, 256)
@@ -55,13 +55,6 @@ def main() -> None:
         embedder.encode(texts[:32])
     native.disable(theirs.engine.encoder)
 
-    def batch_of(length: int) -> list[list[int]]:
-        """BATCH_TOKENS // length sequences of ``length`` tokens: runs of texts, cut by the tokenizer."""
-        runs = [" ".join(texts[(k * 40 + j) % len(texts)] for j in range(40)) for k in range(BATCH_TOKENS // length)]
-        ids = ours.tokenizer.encode_ids(runs, max_length=length)[0]
-        assert all(len(x) == length for x in ids), "a run of texts shorter than the length"
-        return ids
-
     by_length: dict[int, dict[str, list[float]]] = {n: {"kernel": [], "pytorch": []} for n in LENGTHS}
     by_limit: dict[int, list[float]] = {n: [] for n in LIMITS}
     saved = dict(native.INT8_MAX_LENGTHS)
@@ -69,7 +62,7 @@ def main() -> None:
         for _ in range(args.rounds):
             native.INT8_MAX_LENGTHS[key] = max(LENGTHS)
             for length in LENGTHS:
-                batch = batch_of(length)
+                batch = batch_of_length(ours.tokenizer, texts, length, BATCH_TOKENS)
                 for side, embedder in (("kernel", ours), ("pytorch", theirs)):
                     embedder.encode_tokens(batch)  # warm
                     started = time.perf_counter()

@@ -66,6 +66,8 @@ ENTRIES = (
     Entry("native_phases", "speed", "Where the native kernel's time goes for one short text"),
     Entry("attention_lengths", "speed", "Which batches take the native attention: it against SDPA by length",
           renders=("attention_lengths",)),
+    Entry("kernel_batches", "speed", "Which fp32 batches the native kernel takes whole: it against the PyTorch "
+          "layers", renders=("kernel_batches",)),
     Entry("int8_lengths", "speed", "Which int8 batches the native kernel takes: it against PyTorch's int8 by length",
           renders=("int8_lengths",)),
     Entry("latency_contention", "speed", "Single-text latency beside busy processes: the kernel's team size"),

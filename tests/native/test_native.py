@@ -179,10 +179,12 @@ def test_native_follows_changed_weights(tmp_path):
 
 
 def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
-    """More tokens than MAX_TOKENS and a bad id: the PyTorch layers, with their results and errors."""
-    config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=native.MAX_TOKENS + 20)
+    """More tokens than MAX_TOKENS in a sequence longer than the attention's limit, and a bad id: the PyTorch
+    layers, with their results and errors."""
+    longest = native.attention_max_length() + 10
+    config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=longest + 10)
     engine = engine_for(model, "fp32")
-    ids, types = sequences(config, [native.MAX_TOKENS + 10])
+    ids, types = sequences(config, [longest])
     assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), "long")
     assert native.kernel_of(model) is None  # never asked for: no batch was small enough
 
@@ -257,6 +259,19 @@ def test_fp32_product_is_within_its_rounding_bound_for_every_block_size():
         assert np.all(np.abs(got - want) <= bound), f"{rows} rows: off by {np.abs(got - want).max():.3g}"
 
 
+def test_fp32_product_in_several_chunks_of_rows_is_within_its_rounding_bound():
+    """Rows enough for several of the products' chunks of rows (``EK_CHUNK_BYTES`` of inputs each: tens of rows of
+    1,536 inputs), the last one partial: every row within the fp32 bound of the float64 product, as one chunk's are."""
+    generator = np.random.default_rng(1)
+    weight = generator.standard_normal((70, 1536)).astype(np.float32)
+    bias = generator.standard_normal(70).astype(np.float32)
+    x = generator.standard_normal((301, 1536)).astype(np.float32)
+    got = native.fp32_product(torch.from_numpy(x), torch.from_numpy(weight), torch.from_numpy(bias)).numpy()
+    want = x.astype(np.float64) @ weight.astype(np.float64).T + bias
+    bound = 1537 * 2.0**-24 * (np.abs(x) @ np.abs(weight).T + np.abs(bias))
+    assert np.all(np.abs(got - want) <= bound), f"off by {np.abs(got - want).max():.3g}"
+
+
 def float64_attention(qkv: np.ndarray, starts: list[int], heads: int, scale: float) -> np.ndarray:
     """softmax(q k^T * scale) v of each sequence and head, in float64: the definition, for the kernel's attention."""
     hidden = qkv.shape[1] // 3
@@ -313,8 +328,9 @@ def test_attention_declines_what_it_does_not_compute():
 
 @pytest.mark.parametrize("family", KERNEL_FAMILIES)
 def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(family, tmp_path, monkeypatch):
-    """A batch longer than MAX_TOKENS runs the PyTorch layers; their attention runs natively (one call a layer run)
-    where its longest sequence has at most ``attention_max_length()`` tokens, and SDPA past it: the states equal
+    """A batch that the whole kernel does not take (here: more than MAX_TOKENS, with ``BATCH_MAX_TOKENS`` set to it)
+    runs the PyTorch layers; their attention runs natively (one call a layer run) where its longest sequence has at
+    most ``attention_max_length()`` tokens, and SDPA past it: the states equal
     transformers' either way (ALBERT's shared layers, RoBERTa's positions, each family's scale), and no training or
     gradient path takes it."""
     from encoderkit.modeling import kernels
@@ -330,6 +346,7 @@ def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(famil
         return out
 
     monkeypatch.setattr(kernels, "native_attention", counted)
+    monkeypatch.setattr(native, "BATCH_MAX_TOKENS", native.MAX_TOKENS)
     longest = native.attention_max_length()
     for lengths, natively in (([70, 45, 45, 19], True), ([longest + 7, 12], False)):
         calls.clear()
@@ -341,6 +358,33 @@ def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(famil
     model.train()
     model(torch.tensor([ids[1]])).last_hidden_state.sum().backward()
     assert calls == [], "the training path took the inference attention"
+
+
+def test_fp32_batches_of_short_sequences_take_the_whole_kernel(tmp_path, monkeypatch):
+    """fp32 batches past MAX_TOKENS, up to BATCH_MAX_TOKENS, whose sequences have at most ``attention_max_length()``
+    tokens run the whole kernel in one call, with transformers' states; a batch with a longer sequence, or with more
+    tokens, runs the PyTorch layers (transformers' states too); a bf16 model's large batches keep their bf16
+    products."""
+    monkeypatch.setattr(native, "BATCH_MAX_TOKENS", 120)
+    monkeypatch.setattr(native, "attention_max_length", lambda: 16)
+    config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=64)
+    engine = engine_for(model, "fp32")
+    bf16_model = load_model(tmp_path)
+    bf16_engine = engine_for(bf16_model, "bf16")
+    batches = []
+    original = native.NativeEncoder.__call__
+    monkeypatch.setattr(native.NativeEncoder, "__call__",
+                        lambda self, ids, *rest: batches.append(len(ids)) or original(self, ids, *rest))
+    for lengths, whole in (([40, 30], False), ([16] * 8, False), ([16, 15, 12, 9, 16, 14, 11, 3], True)):
+        batches.clear()
+        ids, types = sequences(config, lengths, seed=len(lengths))
+        assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types),
+                      f"lengths {lengths}")
+        assert batches == ([sum(lengths)] if whole else []), (lengths, batches)
+    assert sum(lengths) > native.MAX_TOKENS
+    batches.clear()
+    engine_states(bf16_engine, ids, types)
+    assert batches == [] and native.kernel_of(bf16_model) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -377,18 +421,19 @@ def int8_by_formula(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias: 
 
 
 @needs_int8
-@pytest.mark.parametrize("rows", [1, 5, 17, 40])
+@pytest.mark.parametrize("rows, inputs", [(1, 37), (5, 37), (17, 37), (40, 37), (700, 1537)])
 @pytest.mark.parametrize("smoothed", [False, True])
-def test_int8_product_equals_its_formula(rows, smoothed):
+def test_int8_product_equals_its_formula(rows, inputs, smoothed):
     """One product: 37 inputs (not a multiple of 4), 70 outputs (a partial panel and an odd count of panels with
-    16 or 8 lanes), more rows than one block holds, skewed inputs as after GELU, with and without smoothing."""
+    16 or 8 lanes), more rows than one block holds, skewed inputs as after GELU, with and without smoothing; and
+    rows enough for several of the products' chunks of rows (``EK_CHUNK_BYTES`` of codes each)."""
     generator = np.random.default_rng(rows)
-    x = (generator.standard_normal((rows, 37)) * 2 + 0.7).astype(np.float32)
+    x = (generator.standard_normal((rows, inputs)) * 2 + 0.7).astype(np.float32)
     limit = native.int8_weight_limit()  # the codes this build sums exactly (what int8 weights get on this CPU)
-    codes = generator.integers(-limit, limit + 1, (70, 37)).astype(np.int8)
+    codes = generator.integers(-limit, limit + 1, (70, inputs)).astype(np.int8)
     scales = generator.uniform(1e-3, 2e-2, 70).astype(np.float32)
     bias = generator.standard_normal(70).astype(np.float32)
-    inverse = generator.uniform(0.25, 4.0, 37).astype(np.float32) if smoothed else None
+    inverse = generator.uniform(0.25, 4.0, inputs).astype(np.float32) if smoothed else None
     got = native.int8_product(torch.from_numpy(x), torch.from_numpy(codes), torch.from_numpy(scales),
                               torch.from_numpy(bias), None if inverse is None else torch.from_numpy(inverse)).numpy()
     want = int8_by_formula(x, codes, scales, bias, inverse)
@@ -562,24 +607,21 @@ def test_int8_length_limit_follows_the_kernels_int8_products(monkeypatch):
 
 @needs_int8
 def test_native_int8_takes_batches_of_short_sequences(tmp_path, monkeypatch, kernel_codes):
-    """int8 batches beyond MAX_TOKENS whose sequences are all short run natively (fp32 ones do not), with the
+    """int8 batches beyond MAX_TOKENS whose sequences are all short (``int8_max_length()``) run natively, with the
     results of PyTorch's int8 kernels; a batch with a longer sequence runs those kernels."""
     from encoderkit.engine import Engine
     from encoderkit.precision import Precision
 
-    monkeypatch.setattr(native, "INT8_MAX_TOKENS", 120)
+    monkeypatch.setattr(native, "BATCH_MAX_TOKENS", 120)
     monkeypatch.setattr(native, "int8_max_length", lambda: 16)
     config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=64)
     engine = Engine(model, Precision.quantized("task", smoothing=False))
     torch_model = load_model(tmp_path)
     torch_engine = Engine(torch_model, Precision.quantized("task", smoothing=False))
     native.disable(torch_model)
-    fp32_model = load_model(tmp_path)
-    fp32_engine = engine_for(fp32_model, "fp32")
     long_ids, long_types = sequences(config, [40, 30])  # 70 tokens
     engine_states(engine, long_ids, long_types)  # a sequence over int8_max_length(): PyTorch's kernels
-    engine_states(fp32_engine, *sequences(config, [16] * 6))  # 96 tokens of fp32: PyTorch's kernels
-    assert native.kernel_of(model) is None and native.kernel_of(fp32_model) is None
+    assert native.kernel_of(model) is None
     ids, types = sequences(config, [16, 15, 12, 9, 16, 14, 11, 3], seed=6)  # 96 tokens, none over 16
     assert sum(map(len, ids)) > native.MAX_TOKENS
     expected = expected_states(reference, config, ids, types)

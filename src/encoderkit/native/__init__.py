@@ -1,11 +1,13 @@
-"""A native kernel for the layers of a post-norm encoder on few tokens: the single-text (serving) case.
+"""A native kernel for the layers of a post-norm encoder: the single-text (serving) case, and batches of short texts.
 
 Why: for one short text, a PyTorch forward of all-MiniLM-L6-v2 spends more time between its ops than in them: the
 least PyTorch loop over pre-packed products is slower than ONNX Runtime's whole model, though its matrix products
 alone are not (bench/latency_floor.py): each product reads its weights from memory once for a handful of rows, and
-about a hundred Python calls and dispatches sit around them. ``small_batch.cpp`` runs every layer in one call: weights packed once into panels read front to
-back, bias, activation and residual applied in registers, attention per sequence and head, LayerNorm, on torch's
-own OpenMP team (the caller's torch thread count, or one thread where that is faster now: ``native.team``).
+about a hundred Python calls and dispatches sit around them. ``small_batch.cpp`` runs every layer in one call:
+weights packed once into panels read front to back, bias, activation and residual applied in registers, attention
+per sequence and head, LayerNorm, on torch's own OpenMP team (the caller's torch thread count, or one thread where
+that is faster now: ``native.team``). Larger batches of short texts run here too: its products, taking the rows in
+chunks that stay in the core's cache, were faster than oneDNN's there (``BATCH_MAX_TOKENS``).
 
 int8 (``dtype="int8"``): the linear layers ``for_inference`` made int8 (``modeling.inference.Int8Prepacked``: int8
 weights per output channel, SmoothQuant factors from the accuracy guard's calibration) run here as int8 products
@@ -19,10 +21,13 @@ It applies, through ``EncoderModel.run`` (the one forward; this is a kernel swit
 these hold: the model was prepared by ``for_inference`` (in fp32, int8 layers or not, or in bf16: see below), runs
 on the CPU with no gradient, returns only its last states, its layers are post-norm with absolute positions (BERT,
 RoBERTa, DistilBERT, ALBERT, ELECTRA; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReLU, and
-the batch has at most ``MAX_TOKENS`` tokens packed in row order (int8: at most ``INT8_MAX_TOKENS``, each sequence at
-most ``int8_max_length()``). Everything else runs the PyTorch layers as before.
+the batch is packed in row order and has at most ``MAX_TOKENS`` tokens, or at most ``BATCH_MAX_TOKENS`` (the engine's
+default budget for embedding) whose sequences are all short: in fp32 at most ``attention_max_length()`` tokens each
+(past it SDPA's attention is the faster one), int8 at most ``int8_max_length()``. Everything else runs the PyTorch
+layers as before.
 
-bf16 (``dtype="bf16"``, and ``"auto"`` where it means bf16): batches of at most ``MAX_TOKENS`` tokens run here too,
+bf16 (``dtype="bf16"``, and ``"auto"`` where it means bf16): batches of at most ``MAX_TOKENS`` tokens run here too
+(larger ones keep their bf16 products),
 in fp32, from the fp32 parameters (for_inference keeps them beside its bf16 packs): at this size the kernel's fp32
 layers are faster than bf16 products, and exact (on CPUs with AVX512-BF16 and with AMX: bench/latency_floor.py).
 So a text's bf16 vector depends, within bf16's error (about 1e-3), on whether its batch was small enough for the
@@ -35,9 +40,10 @@ instructions, or 8-bit codes against 16-bit pair sums), an int8 model's batches 
 run here in fp32, exact and faster than PyTorch's int8 kernels on so few rows, and larger ones run PyTorch's int8
 kernels; this is logged once. The int8 guard's calibration always measures the int8 layers (``calibrating``).
 
-Its attention also runs alone (``attention``) as the PyTorch layers' inference attention for batches past
-``MAX_TOKENS`` whose sequences have at most ``attention_max_length()`` tokens: one call for the packed batch, where
-SDPA takes one call per run of equal lengths, each with its own set-up.
+Its attention also runs alone (``attention``) as the PyTorch layers' inference attention for the fp32 batches that
+the whole kernel does not take (more than ``BATCH_MAX_TOKENS`` tokens) whose sequences have at most
+``attention_max_length()`` tokens: one call for the packed batch, where SDPA takes one call per run of equal lengths,
+each with its own set-up.
 
 The same library holds kernels of the training step (``training.cpp``): dropout (Philox4x32-10 masks drawn and
 applied in one pass, drawn again for the backward pass; ``modeling.dropout``), attention's probabilities (softmax and
@@ -69,15 +75,18 @@ from .team import TeamSize
 log = logging.getLogger(__name__)
 _VERSION = operator.attrgetter("_version")
 
-# Batches of at most this many tokens take the native kernel, where it beat the PyTorch layers (bench/native_phases.py).
-# Its attention is a plain loop per sequence and head, quadratic in the length: longer inputs stay on PyTorch's kernels.
+# Batches of at most this many tokens take the native kernel in every dtype it runs (bf16 ones in fp32), where it beat
+# the PyTorch layers (bench/native_phases.py).
 MAX_TOKENS = 64
-# int8: batches of at most INT8_MAX_TOKENS tokens whose sequences have at most int8_max_length() tokens each, where the
-# kernel beat PyTorch's int8 kernels. That length depends on the kernel's int8 products (INT8_MAX_LENGTHS, by the
-# largest weight code they sum exactly): with VNNI's exact 8-bit sums the kernel was the faster one up to the longest
-# sequences an embedding model usually takes; where it adds pairs of products in 16 bits (AVX2, AVX512BW) only up to
-# short ones (bench/int8_lengths.py, BENCHMARKS.md). In fp32 it lost from a few hundred tokens on, hence MAX_TOKENS.
-INT8_MAX_TOKENS = 2048
+# Larger batches, up to BATCH_MAX_TOKENS tokens, take it where each of their sequences is short enough. fp32: at most
+# attention_max_length() tokens, where the kernel's attention beat SDPA's; its products (in chunks of rows that stay
+# in the core's cache) beat oneDNN's there too (bench/kernel_batches.py). int8: at most int8_max_length() tokens,
+# where the kernel beat PyTorch's int8 kernels. That length depends on the kernel's int8 products (INT8_MAX_LENGTHS,
+# by the largest weight code they sum exactly): with VNNI's exact 8-bit sums the kernel was the faster one up to the
+# longest sequences an embedding model usually takes; where it adds pairs of products in 16 bits (AVX2, AVX512BW) only
+# up to short ones (bench/int8_lengths.py, BENCHMARKS.md). The cap is the engine's default budget for embedding
+# (precision.TOKEN_BUDGETS); it bounds the scratch each calling thread keeps.
+BATCH_MAX_TOKENS = 2048
 INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
 # The PyTorch layers' inference attention (``attention``) runs here where a batch's longest sequence has at most this
 # many tokens, by the build's vector lanes (8: 256-bit, 16: 512-bit): up to there the kernel's attention beat SDPA's,
@@ -223,6 +232,7 @@ class NativeEncoder:
         # sums), it runs an int8 model's small batches in fp32 (see the module doc)
         self.int8_in_fp32 = bool(made) and int8_weight_levels() > int8_weight_limit()
         self.int8 = {} if self.int8_in_fp32 else made
+        self.fp32 = plan.dtype == torch.float32 and not made  # an fp32 model (not bf16, not int8 run in fp32)
 
     def calibrating(self) -> bool:
         """Whether an int8 product is being calibrated or measured (``quantization.measure_int8``): then the
@@ -402,8 +412,13 @@ def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bia
 
 
 def _fits(plan: NativeEncoder, tokens: int, packing) -> bool:
-    """Whether a batch of ``tokens`` laid out by ``packing`` is one the kernel is faster on (``MAX_TOKENS``)."""
-    return tokens <= MAX_TOKENS or (bool(plan.int8) and packing.max_length <= int8_max_length())
+    """Whether a batch of ``tokens`` (at most ``BATCH_MAX_TOKENS``) laid out by ``packing`` is one the kernel is
+    faster on (``MAX_TOKENS``, and the lengths beside ``BATCH_MAX_TOKENS``)."""
+    if tokens <= MAX_TOKENS:
+        return True
+    if plan.int8:
+        return packing.max_length <= int8_max_length()
+    return plan.fp32 and packing.max_length <= attention_max_length()
 
 
 # The inference dtypes whose small batches take the kernel (in fp32: see the module doc for bf16's).
@@ -416,7 +431,7 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
     it does not apply (see the module doc): then the caller runs the PyTorch forward."""
     tokens = input_ids.shape[0]
     inference = getattr(encoder, "inference_plan", None)  # for_inference's plan: the kernel's layout lives on it
-    if inference is None or tokens > INT8_MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" \
+    if inference is None or tokens > BATCH_MAX_TOKENS or tokens == 0 or input_ids.device.type != "cpu" \
             or encoder.training or torch.is_grad_enabled() or inference.dtype not in _KERNEL_DTYPES \
             or getattr(encoder, "traceable", False) or not packing.by_sequence_only:
         return None
@@ -481,6 +496,6 @@ def reset(model: nn.Module) -> None:
         inference.native, inference.native_checked = None, False
 
 
-__all__ = ["ATTENTION_MAX_LENGTHS", "INT8_MAX_LENGTHS", "INT8_MAX_TOKENS", "MAX_TOKENS", "NativeEncoder", "attention",
+__all__ = ["ATTENTION_MAX_LENGTHS", "BATCH_MAX_TOKENS", "INT8_MAX_LENGTHS", "MAX_TOKENS", "NativeEncoder", "attention",
            "attention_max_length", "disable", "eligible", "fp32_product", "int8_available", "int8_max_length",
            "int8_product", "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]

@@ -1,13 +1,14 @@
-// encoderkit's native kernel for the layers of a post-norm encoder (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA)
-// on few tokens: one short text, a few (the serving case); and its attention alone (ek_attention), the PyTorch
-// layers' inference attention on longer batches. See encoderkit/native/__init__.py for why they exist, when they
-// run, and how the library is built (g++ at first use, for the CPU it runs on).
+// encoderkit's native kernel for the layers of a post-norm encoder (BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA):
+// one short text, a few (the serving case), batches of short texts; and its attention alone (ek_attention), the
+// PyTorch layers' inference attention on the batches it does not take. See encoderkit/native/__init__.py for why
+// they exist, when they run, and how the library is built (g++ at first use, for the CPU it runs on).
 //
 // No torch headers and no BLAS: the whole layer stack runs in one call, so no Python, no dispatcher and no
 // allocation sits between two ops. With few rows a matrix product is bound by reading its weights, so each
 // weight is packed once into panels of VW output columns, k-major, read front to back once per call; the rows
 // are held in registers (R rows x VW columns of accumulators), and the bias, the activation or the residual
-// add are applied to the accumulators before they are stored. Panels are split between the threads.
+// add are applied to the accumulators before they are stored. Panels are split between the threads; many rows are
+// taken in chunks (product_part).
 //
 // Numbers: fp32 throughout, products summed in k order with fused multiply-adds. exp is Cephes' polynomial
 // (about 2 ulp), erf comes from erfc's Chebyshev fit (Numerical Recipes' erfcc, relative error under 1.2e-7).
@@ -296,15 +297,28 @@ const std::array<BlockFn, ROWS1> ONE_PANEL_INT8 = ONE_PANEL;
 const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = TWO_PANELS;
 #endif
 
+// Rows are taken in chunks whose inputs take about EK_CHUNK_BYTES (0: all rows in one chunk), each chunk passing
+// over every panel: the chunk's rows stay in the core's own cache while the weights stream past them once a chunk.
+// Without chunks each pair of panels streams all the rows, which fall out of that cache once a batch has a few
+// hundred tokens.
+#ifndef EK_CHUNK_BYTES
+#define EK_CHUNK_BYTES (192 * 1024)
+#endif
+
 void product_part(const Product& g, int part, int parts) {
   const auto& two = g.qpacked ? TWO_PANELS_INT8 : TWO_PANELS;
   const auto& one = g.qpacked ? ONE_PANEL_INT8 : ONE_PANEL;
   int panels = (g.N + VW - 1) / VW, pairs = panels / 2, begin, end;
   split(pairs, part, parts, &begin, &end);  // pairs of panels; the odd one last goes to the last part
-  for (int p = 2 * begin; p < 2 * end; p += 2)
-    for (int m0 = 0; m0 < g.M; m0 += ROWS2) two[std::min(ROWS2, g.M - m0) - 1](g, m0, p);
-  if (panels % 2 && part == parts - 1)
-    for (int m0 = 0; m0 < g.M; m0 += ROWS1) one[std::min(ROWS1, g.M - m0) - 1](g, m0, panels - 1);
+  const size_t row_bytes = g.qpacked ? (size_t)g.K4 : (size_t)g.K * sizeof(float);
+  const int chunk = EK_CHUNK_BYTES > 0 ? std::max(ROWS2, (int)(EK_CHUNK_BYTES / row_bytes) / ROWS2 * ROWS2) : g.M;
+  for (int c0 = 0; c0 < g.M; c0 += chunk) {
+    const int c1 = std::min(g.M, c0 + chunk);
+    for (int p = 2 * begin; p < 2 * end; p += 2)
+      for (int m0 = c0; m0 < c1; m0 += ROWS2) two[std::min(ROWS2, c1 - m0) - 1](g, m0, p);
+    if (panels % 2 && part == parts - 1)
+      for (int m0 = c0; m0 < c1; m0 += ROWS1) one[std::min(ROWS1, c1 - m0) - 1](g, m0, panels - 1);
+  }
 }
 
 static inline vi round_to_int(vf v) {  // to nearest, ties to even (the rounding mode's default), as torch.round
