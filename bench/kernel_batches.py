@@ -5,10 +5,10 @@ The whole-layer kernel (``small_batch.cpp``: its products, attention and norms i
 layers it replaces (oneDNN's products, the native attention, PyTorch's norms), all-MiniLM-L6-v2 in fp32:
 
 - the products alone, on 1 thread (a lane of the default two): the kernel's (``ek_product``, weights packed once)
-  against the PyTorch layers' (``modeling.inference.Prepacked``: oneDNN's, weights packed once), for the model's four shapes and M = 64 to 2,048 rows, in GFLOP/s. The
-  kernel runs in two builds, each in a process of its own, in turns: this build, whose products take the rows in
-  chunks that stay in the core's cache while the weights stream past, and the same without chunks
-  (``-DEK_CHUNK_BYTES=0``);
+  against the PyTorch layers' (``modeling.inference.Prepacked``: oneDNN's, weights packed once), for the model's
+  four shapes and M = 64 to 2,048 rows, in GFLOP/s. The kernel runs in two builds, each in a process of its own, in
+  turns: this build, whose products take the rows in chunks that stay in the core's cache while the weights stream
+  past, and the same without chunks (``-DEK_CHUNK_BYTES=0``);
 - by batch: packed batches of about 2,048 tokens of sequences of L tokens (L = 16 to 512; token ids cut from
   ../shared/bench/sentences.txt), once on the kernel and once on the PyTorch layers (``native.disable``), on 1 thread
   and on 2, in turns over the rounds; median seconds a batch;
@@ -18,10 +18,11 @@ layers it replaces (oneDNN's products, the native attention, PyTorch's norms), a
 
 Goals: on faster end to end than off (the decision); by batch, the kernel within 2% of the PyTorch layers or faster
 (1 thread) at every length up to this build's ``attention_max_length()`` (a batch of 2,048 tokens spends little
-time between ops, which is where the kernel gains most, so here the products decide); the chunked products no slower than unchunked ones in sum at
-2,048 rows. Written as bench/results/kernel_batches_<bits>bit.json, by the native build's vectors (256 or 512 bits);
-an AVX2 tier is imitated on a bigger CPU with ``ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2
-MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2`` (the result records them).
+time between ops, which is where the kernel gains most, so here the products decide); the chunked products no
+slower than unchunked ones in sum at 2,048 rows. Written as bench/results/kernel_batches_<bits>bit.json, by the
+native build's vectors (256 or 512 bits); an AVX2 tier is imitated on a bigger CPU with
+``ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2``
+(the result records them).
 
     flock -x /tmp/bench.lock python bench/kernel_batches.py [--rounds 5]
 """
