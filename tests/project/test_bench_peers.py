@@ -127,13 +127,22 @@ def test_runs_are_kept_per_tier_of_cpu(peers, tmp_path, monkeypatch):
     avx512 = {"native_bf16": False, "cpu_flags": {"avx2": True, "avx512f": True}}
     bf16 = {"native_bf16": True, "cpu_flags": {"avx2": True, "avx512f": True, "avx512_bf16": True}}
     assert [peers.cpu_tier(m) for m in (avx2, avx512, bf16)] == ["avx2", "avx512", "native_bf16"]
+    # a bigger CPU limited to AVX2 by the instruction variables is a tier of its own, whatever its flags
+    assert peers.cpu_tier(bf16, {"ENCODERKIT_NATIVE_FLAGS": "-mno-avx512f"}) == "avx2_imitated"
+    assert peers.cpu_tier(avx512, {"ONEDNN_MAX_CPU_ISA": "AVX2"}) == "avx2_imitated"
+    assert peers.cpu_tier(bf16, {"ENCODERKIT_NATIVE_FLAGS": "-O2"}) == "native_bf16"
     monkeypatch.setattr(peers, "RESULTS", tmp_path)
     (tmp_path / "peers.json").write_text(json.dumps({"date": "earlier", "machine": avx2}))
     monkeypatch.setitem(sys.modules, "common", type(sys)("common"))
     sys.modules["common"].machine = lambda: avx512
+    sys.modules["common"].INSTRUCTION_VARIABLES = ("ENCODERKIT_NATIVE_FLAGS", "ONEDNN_MAX_CPU_ISA")
+    monkeypatch.delenv("ENCODERKIT_NATIVE_FLAGS", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     peers.keep_other_tier_run()
     kept = json.loads((tmp_path / "peers_avx2.json").read_text())
     assert kept["kept_as"] == "avx2" and kept["machine"] == avx2
     (tmp_path / "peers_avx512.json").write_text("{}")  # an older run of this tier: superseded
     peers.keep_other_tier_run()
     assert not (tmp_path / "peers_avx512.json").exists() and (tmp_path / "peers_avx2.json").exists()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert peers.this_tier() == "avx2_imitated"  # such a run is written as peers_avx2_imitated.json, beside these
