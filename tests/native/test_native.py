@@ -328,7 +328,7 @@ def test_attention_declines_what_it_does_not_compute():
 
 @pytest.mark.parametrize("family", KERNEL_FAMILIES)
 def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(family, tmp_path, monkeypatch):
-    """A batch that the whole kernel does not take (here: more than MAX_TOKENS, with ``BATCH_MAX_TOKENS`` set to it)
+    """A batch that the whole kernel does not take (here: more than MAX_TOKENS, with ``fp32_max_tokens()`` set to it)
     runs the PyTorch layers; their attention runs natively (one call a layer run) where its longest sequence has at
     most ``attention_max_length()`` tokens, and SDPA past it: the states equal
     transformers' either way (ALBERT's shared layers, RoBERTa's positions, each family's scale), and no training or
@@ -346,7 +346,7 @@ def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(famil
         return out
 
     monkeypatch.setattr(kernels, "native_attention", counted)
-    monkeypatch.setattr(native, "BATCH_MAX_TOKENS", native.MAX_TOKENS)
+    monkeypatch.setattr(native, "fp32_max_tokens", lambda: native.MAX_TOKENS)
     longest = native.attention_max_length()
     for lengths, natively in (([70, 45, 45, 19], True), ([longest + 7, 12], False)):
         calls.clear()
@@ -361,11 +361,11 @@ def test_batches_past_the_kernel_take_its_attention_and_equal_transformers(famil
 
 
 def test_fp32_batches_of_short_sequences_take_the_whole_kernel(tmp_path, monkeypatch):
-    """fp32 batches past MAX_TOKENS, up to BATCH_MAX_TOKENS, whose sequences have at most ``attention_max_length()``
-    tokens run the whole kernel in one call, with transformers' states; a batch with a longer sequence, or with more
-    tokens, runs the PyTorch layers (transformers' states too); a bf16 model's large batches keep their bf16
-    products."""
-    monkeypatch.setattr(native, "BATCH_MAX_TOKENS", 120)
+    """fp32 batches past MAX_TOKENS, up to ``fp32_max_tokens()`` (set here on either build), whose sequences have at
+    most ``attention_max_length()`` tokens run the whole kernel in one call, with transformers' states; a batch with a
+    longer sequence, or with more tokens, runs the PyTorch layers (transformers' states too); a bf16 model's large
+    batches keep their bf16 products."""
+    monkeypatch.setattr(native, "fp32_max_tokens", lambda: 120)
     monkeypatch.setattr(native, "attention_max_length", lambda: 16)
     config, reference, model = reference_and_ours("bert", tmp_path, max_position_embeddings=64)
     engine = engine_for(model, "fp32")
@@ -593,6 +593,17 @@ def test_int8_the_kernel_cannot_sum_runs_small_batches_in_fp32(kernel, tmp_path,
 
     monkeypatch.setattr(native.NativeEncoder, "__call__", not_while_calibrating)
     engine_states(int8_engine, *small)  # the PyTorch layers, which observe
+
+
+def test_fp32_batches_past_max_tokens_take_the_kernel_on_256_bit_builds_only(monkeypatch):
+    """Where the kernel's products beat oneDNN's (256-bit builds, AVX2) fp32 batches up to BATCH_MAX_TOKENS take the
+    kernel; on 512-bit builds only those of at most MAX_TOKENS (bench/kernel_batches.py); without the library,
+    MAX_TOKENS."""
+    for lanes, tokens in ((8, native.BATCH_MAX_TOKENS), (16, native.MAX_TOKENS)):
+        monkeypatch.setattr(native.library(), "ek_vector_width", lambda lanes=lanes: lanes)
+        assert native.fp32_max_tokens() == tokens
+    monkeypatch.setattr(native, "library", lambda: None)
+    assert native.fp32_max_tokens() == native.MAX_TOKENS
 
 
 def test_int8_length_limit_follows_the_kernels_int8_products(monkeypatch):

@@ -6,8 +6,9 @@ alone are not (bench/latency_floor.py): each product reads its weights from memo
 about a hundred Python calls and dispatches sit around them. ``small_batch.cpp`` runs every layer in one call:
 weights packed once into panels read front to back, bias, activation and residual applied in registers, attention
 per sequence and head, LayerNorm, on torch's own OpenMP team (the caller's torch thread count, or one thread where
-that is faster now: ``native.team``). Larger batches of short texts run here too: its products, taking the rows in
-chunks that stay in the core's cache, were faster than oneDNN's there (``BATCH_MAX_TOKENS``).
+that is faster now: ``native.team``). On AVX2 (256-bit builds) larger fp32 batches of short texts run here too:
+its products, taking the rows in chunks that stay in the core's cache, were faster than oneDNN's AVX2 ones
+(``FP32_MAX_TOKENS``).
 
 int8 (``dtype="int8"``): the linear layers ``for_inference`` made int8 (``modeling.inference.Int8Prepacked``: int8
 weights per output channel, SmoothQuant factors from the accuracy guard's calibration) run here as int8 products
@@ -21,17 +22,17 @@ It applies, through ``EncoderModel.run`` (the one forward; this is a kernel swit
 these hold: the model was prepared by ``for_inference`` (in fp32, int8 layers or not, or in bf16: see below), runs
 on the CPU with no gradient, returns only its last states, its layers are post-norm with absolute positions (BERT,
 RoBERTa, DistilBERT, ALBERT, ELECTRA; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReLU, and
-the batch is packed in row order and has at most ``MAX_TOKENS`` tokens, or at most ``BATCH_MAX_TOKENS`` (the engine's
-default budget for embedding) whose sequences are all short: in fp32 at most ``attention_max_length()`` tokens each
-(past it SDPA's attention is the faster one), int8 at most ``int8_max_length()``. Everything else runs the PyTorch
-layers as before.
+the batch is packed in row order and has at most ``MAX_TOKENS`` tokens, or more whose sequences are all short:
+int8 ones of up to ``BATCH_MAX_TOKENS`` tokens (the engine's default budget for embedding) of sequences of at most
+``int8_max_length()`` tokens, fp32 ones of up to ``fp32_max_tokens()`` tokens (``BATCH_MAX_TOKENS`` on 256-bit
+builds) of at most ``attention_max_length()`` (past it SDPA's attention is the faster one). Everything else runs the
+PyTorch layers as before.
 
-bf16 (``dtype="bf16"``, and ``"auto"`` where it means bf16): batches of at most ``MAX_TOKENS`` tokens run here too
-(larger ones keep their bf16 products),
-in fp32, from the fp32 parameters (for_inference keeps them beside its bf16 packs): at this size the kernel's fp32
-layers are faster than bf16 products, and exact (on CPUs with AVX512-BF16 and with AMX: bench/latency_floor.py).
-So a text's bf16 vector depends, within bf16's error (about 1e-3), on whether its batch was small enough for the
-kernel.
+bf16 (``dtype="bf16"``, and ``"auto"`` where it means bf16): batches of at most ``MAX_TOKENS`` tokens run here too,
+in fp32, from the fp32 parameters (for_inference keeps them beside its bf16 packs), and larger ones keep their bf16
+products: at this size the kernel's fp32 layers are faster than bf16 products, and exact (on CPUs with AVX512-BF16
+and with AMX: bench/latency_floor.py). So a text's bf16 vector depends, within bf16's error (about 1e-3), on
+whether its batch was small enough for the kernel.
 
 int8 without VNNI (AVX2, AVX-512 without VNNI): the kernel adds pairs of u8 x s8 products into 16 bits
 (vpmaddubsw), as PyTorch's int8 kernels do there, which is exact for the 7-bit weight codes int8 weights get on
@@ -41,7 +42,7 @@ run here in fp32, exact and faster than PyTorch's int8 kernels on so few rows, a
 kernels; this is logged once. The int8 guard's calibration always measures the int8 layers (``calibrating``).
 
 Its attention also runs alone (``attention``) as the PyTorch layers' inference attention for the fp32 batches that
-the whole kernel does not take (more than ``BATCH_MAX_TOKENS`` tokens) whose sequences have at most
+the whole kernel does not take (more than ``fp32_max_tokens()`` tokens) whose sequences have at most
 ``attention_max_length()`` tokens: one call for the packed batch, where SDPA takes one call per run of equal lengths,
 each with its own set-up.
 
@@ -78,15 +79,19 @@ _VERSION = operator.attrgetter("_version")
 # Batches of at most this many tokens take the native kernel in every dtype it runs (bf16 ones in fp32), where it beat
 # the PyTorch layers (bench/native_phases.py).
 MAX_TOKENS = 64
-# Larger batches, up to BATCH_MAX_TOKENS tokens, take it where each of their sequences is short enough. fp32: at most
-# attention_max_length() tokens, where the kernel's attention beat SDPA's; its products (in chunks of rows that stay
-# in the core's cache) beat oneDNN's there too (bench/kernel_batches.py). int8: at most int8_max_length() tokens,
-# where the kernel beat PyTorch's int8 kernels. That length depends on the kernel's int8 products (INT8_MAX_LENGTHS,
-# by the largest weight code they sum exactly): with VNNI's exact 8-bit sums the kernel was the faster one up to the
-# longest sequences an embedding model usually takes; where it adds pairs of products in 16 bits (AVX2, AVX512BW) only
-# up to short ones (bench/int8_lengths.py, BENCHMARKS.md). The cap is the engine's default budget for embedding
-# (precision.TOKEN_BUDGETS); it bounds the scratch each calling thread keeps.
+# Larger batches, up to BATCH_MAX_TOKENS tokens, take it where each of their sequences is short enough. int8: at most
+# int8_max_length() tokens, where the kernel beat PyTorch's int8 kernels. That length depends on the kernel's int8
+# products (INT8_MAX_LENGTHS, by the largest weight code they sum exactly): with VNNI's exact 8-bit sums the kernel was
+# the faster one up to the longest sequences an embedding model usually takes; where it adds pairs of products in 16
+# bits (AVX2, AVX512BW) only up to short ones (bench/int8_lengths.py, BENCHMARKS.md). The cap is the engine's default
+# budget for embedding (precision.TOKEN_BUDGETS); it bounds the scratch each calling thread keeps.
 BATCH_MAX_TOKENS = 2048
+# fp32: batches of up to this many tokens, by the build's vector lanes (8: 256-bit, 16: 512-bit), whose sequences have
+# at most attention_max_length() tokens. On 256-bit builds (AVX2) the kernel's products, in chunks of rows that stay
+# in the core's cache, beat oneDNN's AVX2 ones, and the kernel was faster end to end; on 512-bit builds they were even
+# with oneDNN's AVX-512 ones and end to end it was no faster, so the PyTorch layers keep those batches
+# (bench/kernel_batches.py, BENCHMARKS.md).
+FP32_MAX_TOKENS = {8: BATCH_MAX_TOKENS, 16: MAX_TOKENS}
 INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
 # The PyTorch layers' inference attention (``attention``) runs here where a batch's longest sequence has at most this
 # many tokens, by the build's vector lanes (8: 256-bit, 16: 512-bit): up to there the kernel's attention beat SDPA's,
@@ -149,6 +154,13 @@ def attention_max_length() -> int:
 
 def _attention_limit(lib: ctypes.CDLL) -> int:
     return ATTENTION_MAX_LENGTHS.get(lib.ek_vector_width(), min(ATTENTION_MAX_LENGTHS.values()))
+
+
+def fp32_max_tokens() -> int:
+    """The most tokens an fp32 batch may have to run on the kernel (``FP32_MAX_TOKENS``, by this build's vector
+    lanes); ``MAX_TOKENS`` where the library is not built."""
+    lib = library()
+    return MAX_TOKENS if lib is None else FP32_MAX_TOKENS.get(lib.ek_vector_width(), MAX_TOKENS)
 
 
 def int8_weight_limit() -> int:
@@ -413,12 +425,14 @@ def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bia
 
 def _fits(plan: NativeEncoder, tokens: int, packing) -> bool:
     """Whether a batch of ``tokens`` (at most ``BATCH_MAX_TOKENS``) laid out by ``packing`` is one the kernel is
-    faster on (``MAX_TOKENS``, and the lengths beside ``BATCH_MAX_TOKENS``)."""
+    faster on: any of at most ``MAX_TOKENS`` tokens; a larger one by its longest sequence, at most
+    ``int8_max_length()`` for int8 products, and for an fp32 model at most ``attention_max_length()`` in a batch of
+    at most ``fp32_max_tokens()`` tokens (none for a bf16 model, or an int8 one the kernel runs in fp32)."""
     if tokens <= MAX_TOKENS:
         return True
     if plan.int8:
         return packing.max_length <= int8_max_length()
-    return plan.fp32 and packing.max_length <= attention_max_length()
+    return plan.fp32 and tokens <= fp32_max_tokens() and packing.max_length <= attention_max_length()
 
 
 # The inference dtypes whose small batches take the kernel (in fp32: see the module doc for bf16's).
@@ -496,6 +510,7 @@ def reset(model: nn.Module) -> None:
         inference.native, inference.native_checked = None, False
 
 
-__all__ = ["ATTENTION_MAX_LENGTHS", "BATCH_MAX_TOKENS", "INT8_MAX_LENGTHS", "MAX_TOKENS", "NativeEncoder", "attention",
-           "attention_max_length", "disable", "eligible", "fp32_product", "int8_available", "int8_max_length",
-           "int8_product", "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]
+__all__ = ["ATTENTION_MAX_LENGTHS", "BATCH_MAX_TOKENS", "FP32_MAX_TOKENS", "INT8_MAX_LENGTHS", "MAX_TOKENS",
+           "NativeEncoder", "attention", "attention_max_length", "disable", "eligible", "fp32_max_tokens",
+           "fp32_product", "int8_available", "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of",
+           "library", "native_forward", "reset", "status"]
