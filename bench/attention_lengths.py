@@ -13,7 +13,7 @@ lengths, written in place), all-MiniLM-L6-v2's shape (12 heads of 32):
   limit at 64, 128, 256 and 512 tokens, in turns over the rounds; median seconds. The default model truncates at
   256 tokens, so the last two take the same batches: the by-length rows decide between them. Batches of at most
   ``native.MAX_TOKENS`` tokens run the whole-layer kernel either way, whose attention is this one too; larger ones
-  run the PyTorch layers here (``native.BATCH_MAX_TOKENS`` set to ``MAX_TOKENS``), whose attention this measures.
+  run the PyTorch layers here (``native.FP32_MAX_TOKENS`` set to ``MAX_TOKENS``), whose attention this measures.
   Which of them the whole kernel takes instead is bench/kernel_batches.py's measure.
 
 Goals: the native attention faster end to end than SDPA everywhere; this build's limit within 2% of the fastest
@@ -107,7 +107,7 @@ def main() -> None:
     measured = tuple(sorted(set(LIMITS) | {own}))  # this build's limit among them, whatever it is
     by_limit: dict[int, list[float]] = {n: [] for n in measured}
     vectors = {}
-    cap, native.BATCH_MAX_TOKENS = native.BATCH_MAX_TOKENS, native.MAX_TOKENS  # the PyTorch layers past MAX_TOKENS
+    cap, native.FP32_MAX_TOKENS[lanes] = native.fp32_max_tokens(), native.MAX_TOKENS  # PyTorch past MAX_TOKENS
     try:
         for turn in range(args.rounds):
             for limit in (measured if turn % 2 == 0 else measured[::-1]):
@@ -117,7 +117,7 @@ def main() -> None:
                 by_limit[limit].append(time.perf_counter() - started)
     finally:
         native.ATTENTION_MAX_LENGTHS[lanes] = own
-        native.BATCH_MAX_TOKENS = cap
+        native.FP32_MAX_TOKENS[lanes] = cap
     largest = max(float(np.abs(vectors[n] - vectors[0]).max()) for n in measured)
     rows = [{"threads": threads, "length": n, "sequences": len(batch_lengths(n)),
              "tokens": sum(batch_lengths(n)), "groups": len(batches[n][2].groups),

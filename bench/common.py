@@ -223,10 +223,15 @@ def provenance() -> dict[str, Any]:
             "command": " ".join(["python", _script_path(), *sys.argv[1:]]),
             "cpu": info["cpu"], "cpu_flags": sorted(f for f, present in info["cpu_flags"].items() if present),
             "threads": info["threads"], "versions": versions}
-    environment = {name: os.environ[name] for name in INSTRUCTION_VARIABLES if os.environ.get(name)}
+    environment = instruction_environment()
     if environment:
         made["environment"] = environment
     return made
+
+
+def instruction_environment() -> dict[str, str]:
+    """The INSTRUCTION_VARIABLES set in this process, with their values."""
+    return {name: os.environ[name] for name in INSTRUCTION_VARIABLES if os.environ.get(name)}
 
 
 def _script_path() -> str:

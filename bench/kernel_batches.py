@@ -120,7 +120,8 @@ def main() -> None:
     lib = native.library()
     if lib is None:
         raise SystemExit(f"the native kernel is not available here: {native.status()}")
-    bits = 32 * lib.ek_vector_width()
+    lanes = lib.ek_vector_width()  # this build's entry of FP32_MAX_TOKENS and ATTENTION_MAX_LENGTHS
+    bits = 32 * lanes
     limit = native.attention_max_length()
     product_seconds = products_in_turns(args.rounds)
 
@@ -137,7 +138,7 @@ def main() -> None:
         (threads, n): {"kernel": [], "pytorch": []} for threads in (1, 2) for n in LENGTHS}
     by_rule: dict[str, list[float]] = {"on": [], "off": []}
     vectors = {}
-    lanes, own_cap = lib.ek_vector_width(), native.fp32_max_tokens()  # this build's entry of FP32_MAX_TOKENS
+    own_cap = native.fp32_max_tokens()
     saved_caps, saved_limits = dict(native.FP32_MAX_TOKENS), dict(native.ATTENTION_MAX_LENGTHS)
     try:
         for turn in range(args.rounds):

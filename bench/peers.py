@@ -1055,9 +1055,9 @@ def cpu_tier(machine_record: dict[str, Any], environment: dict[str, str] | None 
 
 def this_tier() -> str:
     """``cpu_tier`` of this machine and this process's instruction variables."""
-    from common import INSTRUCTION_VARIABLES, machine
+    from common import instruction_environment, machine
 
-    return cpu_tier(machine(), {name: os.environ[name] for name in INSTRUCTION_VARIABLES if os.environ.get(name)})
+    return cpu_tier(machine(), instruction_environment())
 
 
 def keep_other_tier_run() -> None:

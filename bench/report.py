@@ -301,19 +301,20 @@ def render_peers(r: dict[str, Any]) -> list[str]:
     tiers = {"native_bf16": "with native bf16", "avx512": "with AVX-512 and no bf16 units", "avx2": "with AVX2 only",
              "no_native_bf16": "without native bf16", "avx2_imitated": "with AVX2 only, imitated on a bigger CPU"}
     other_model = not r["model"].startswith("all-MiniLM-L6-v2")  # bench/peers.py --model
+    imitated = r.get("tier") == "avx2_imitated"  # bench/peers.py's run on a bigger CPU limited to AVX2
     title = "## encoderkit against other CPU runtimes (`bench/peers.py`)" + (
         f", on a CPU {tiers.get(kept, kept)} (an earlier run)" if kept else "") + (
-        f", on a CPU {tiers['avx2_imitated']}" if r.get("tier") == "avx2_imitated" else "") + (
+        f", on a CPU {tiers['avx2_imitated']}" if imitated else "") + (
         f": {r['model']}" if other_model else "")
     kept_note = (f"Kept as the newest run on a CPU {tiers.get(kept, kept)}: the run above was made on another tier "
                  "of CPU.")
     method = r.get("method") or ("all in one process, interleaved rounds; every peer in its latency mode only (an "
                                  "earlier harness: peers were not yet run in their throughput modes)")
-    imitated = (" **Imitated tier**: encoderkit (its kernel, oneDNN, MKL, ATen), sentence-transformers and "
-                "CTranslate2 ran limited to AVX2 by the variables above; ONNX Runtime, fastembed (ONNX Runtime) and "
-                "OpenVINO choose their instructions from the CPU itself and ran with its AVX-512, which favours "
-                "them.") if "avx2_imitated" in (kept, r.get("tier")) else ""
-    lines = [title, "", *([kept_note, ""] if kept else []), _machine(r) + imitated, "",
+    imitated_note = (" **Imitated tier**: encoderkit (its kernel, oneDNN, MKL, ATen), sentence-transformers and "
+                     "CTranslate2 ran limited to AVX2 by the variables above; ONNX Runtime, fastembed (ONNX Runtime) "
+                     "and OpenVINO choose their instructions from the CPU itself and ran with its AVX-512, which "
+                     "favours them.") if imitated else ""
+    lines = [title, "", *([kept_note, ""] if kept else []), _machine(r) + imitated_note, "",
              f"{r['model']}; {r['texts']:,} texts from `../shared/bench/sentences.txt`; {r['threads_per_runtime']} "
              f"threads set explicitly for every runtime; length-sorted batches of {r['batch_size']}; truncation to "
              f"{r['max_length']} tokens; mean pooling and L2 normalisation. Texts in, vectors out: tokenization is "

@@ -135,7 +135,8 @@ def test_runs_are_kept_per_tier_of_cpu(peers, tmp_path, monkeypatch):
     (tmp_path / "peers.json").write_text(json.dumps({"date": "earlier", "machine": avx2}))
     monkeypatch.setitem(sys.modules, "common", type(sys)("common"))
     sys.modules["common"].machine = lambda: avx512
-    sys.modules["common"].INSTRUCTION_VARIABLES = ("ENCODERKIT_NATIVE_FLAGS", "ONEDNN_MAX_CPU_ISA")
+    sys.modules["common"].instruction_environment = lambda: {
+        name: os.environ[name] for name in ("ENCODERKIT_NATIVE_FLAGS", "ONEDNN_MAX_CPU_ISA") if os.environ.get(name)}
     monkeypatch.delenv("ENCODERKIT_NATIVE_FLAGS", raising=False)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     peers.keep_other_tier_run()

@@ -134,7 +134,7 @@ def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float,
     gradient to keep, a sequence longer than ``attention_max_length()``); the caller then runs SDPA."""
     lib = library()
     if lib is None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.requires_grad \
-            or qkv.dim() != 2 or qkv.shape[1] % (3 * heads) or longest > _attention_limit(lib):
+            or qkv.dim() != 2 or qkv.shape[1] % (3 * heads) or longest > _for_build(ATTENTION_MAX_LENGTHS, lib):
         return None
     qkv = qkv.contiguous()
     hidden = qkv.shape[1] // 3
@@ -149,18 +149,19 @@ def attention_max_length() -> int:
     """The longest sequence a batch may hold for its attention to run here (``ATTENTION_MAX_LENGTHS``, by this
     build's vector lanes); 0 where the library is not built."""
     lib = library()
-    return 0 if lib is None else _attention_limit(lib)
+    return 0 if lib is None else _for_build(ATTENTION_MAX_LENGTHS, lib)
 
 
-def _attention_limit(lib: ctypes.CDLL) -> int:
-    return ATTENTION_MAX_LENGTHS.get(lib.ek_vector_width(), min(ATTENTION_MAX_LENGTHS.values()))
+def _for_build(table: dict[int, int], lib: ctypes.CDLL) -> int:
+    """``table``'s entry for the vector lanes ``lib`` was built for (8: 256-bit, 16: 512-bit), else its smallest."""
+    return table.get(lib.ek_vector_width(), min(table.values()))
 
 
 def fp32_max_tokens() -> int:
     """The most tokens an fp32 batch may have to run on the kernel (``FP32_MAX_TOKENS``, by this build's vector
     lanes); ``MAX_TOKENS`` where the library is not built."""
     lib = library()
-    return MAX_TOKENS if lib is None else FP32_MAX_TOKENS.get(lib.ek_vector_width(), MAX_TOKENS)
+    return MAX_TOKENS if lib is None else _for_build(FP32_MAX_TOKENS, lib)
 
 
 def int8_weight_limit() -> int:
