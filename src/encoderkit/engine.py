@@ -36,6 +36,7 @@ class Engine:
         self.encoder = encoder
         self.precision = precision
         self.max_batch_size = max_batch_size
+        self._one_packings: dict[tuple[int, torch.device], Packing] = {}  # ``_pooled_one``'s, by length and device
         self.quantization = None
         for_inference(encoder, precision.dtype, int8=precision.int8, fp32_layers=precision.fp32_layers)
         if precision.int8 and calibration:
@@ -77,13 +78,27 @@ class Engine:
 
     def _pooled_one(self, ids: Sequence[int], types: Sequence[int] | None, pooling: str) -> torch.Tensor:
         """``pooled`` of one sequence: its one batch (whatever its length: the token budget never splits a
-        sequence), without planning, output rows, lanes or progress around it."""
-        if not len(ids):
+        sequence), without planning, output rows, lanes or progress around it.
+
+        Why a path of its own: a served text spends a few milliseconds in the encoder, and each Python step around
+        it runs after the encoder's weights have passed through the caches, so it costs several times what it
+        costs alone. The packing of one sequence depends only on its length, so it is made once per length and
+        kept (packings are never written to)."""
+        length = len(ids)
+        if not length:
             raise ValueError("every sequence needs at least one token")
-        lengths = np.array([len(ids)], dtype=np.int64)
-        for _, hidden, packing in self._batches([ids], None if types is None else [types], lengths, _ONE_BATCH):
+        device = _device_of(self.encoder)
+        packing = self._one_packings.get((length, device))
+        if packing is None:
+            packing = Packing.from_lengths([length], overhead=0, device=device, mask_dtype=self.precision.dtype)
+            self._one_packings[(length, device)] = packing  # at most one per length the model takes
+        if self.encoder.config.type_vocab_size < 2:
+            types = None
+        with _inference():
+            flat_ids = torch.as_tensor(ids, dtype=torch.int64).to(device)
+            flat_types = None if types is None else torch.as_tensor(types, dtype=torch.int64).to(device)
+            hidden = self.encoder.forward_packed(flat_ids, packing, flat_types)
             return pool_packed(hidden, packing, pooling).to(device="cpu", dtype=torch.float32)
-        raise AssertionError("one sequence makes one batch")
 
     def in_lanes(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, lanes: int,
                  consume: Callable[[np.ndarray, torch.Tensor, Packing], None], *,
@@ -147,9 +162,7 @@ class Engine:
         if self.encoder.config.type_vocab_size < 2:  # one segment embedding (or none), whatever the tokenizer says
             types = None
         device = _device_of(self.encoder)
-        # an autocast region of the caller's would change the layers' dtypes: turned off (when on: entering costs)
-        with torch.inference_mode(), (torch.autocast("cpu", enabled=False) if torch.is_autocast_enabled("cpu")
-                                      else contextlib.nullcontext()):
+        with _inference():
             for indices in batches:
                 packing = Packing.from_lengths(lengths[indices], overhead=0, device=device,
                                                mask_dtype=self.precision.dtype)
@@ -174,7 +187,16 @@ def owns_process() -> bool:
 _LANES = threading.Lock()  # one lane job at a time changes torch's thread count
 
 
-_ONE_BATCH = [np.zeros(1, dtype=np.int64)]
+def _inference() -> contextlib.AbstractContextManager:
+    """Inference mode, with an autocast region of the caller's turned off: it would change the layers' dtypes
+    (turned off only where one is on: entering costs)."""
+    return _without_autocast() if torch.is_autocast_enabled("cpu") else torch.inference_mode()
+
+
+@contextlib.contextmanager
+def _without_autocast() -> Iterator[None]:
+    with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+        yield
 
 
 def _device_of(model: nn.Module) -> torch.device:

@@ -91,6 +91,7 @@ class Tokenizer:
         self.backend = backend
         self.backend.no_truncation()
         self.backend.no_padding()
+        self._configured: tuple | None = None  # the settings ``_configure`` last gave the backend
         self.kind = kind  # "wordpiece" | "bpe" | "unigram" | other model type name
         self.model_max_length = model_max_length
         self.lowercase = lowercase
@@ -291,6 +292,12 @@ class Tokenizer:
     # ----- encoding ---------------------------------------------------------------------------
     def _configure(self, max_length: int | None, truncation: str | bool | None, stride: int,
                    padding: str | bool, pad_to_multiple_of: int | None) -> None:
+        """The backend's truncation and padding set for the next call; nothing is sent to it where they are those
+        of the last call (a served text's tokenisation calls this each time)."""
+        key = (max_length, truncation, stride, padding, pad_to_multiple_of)
+        if key == self._configured:
+            return
+        self._configured = None  # until the backend has taken all of them
         if truncation is True:
             truncation = "longest_first"
         if truncation:
@@ -314,6 +321,7 @@ class Tokenizer:
             )
         else:
             self.backend.no_padding()
+        self._configured = key
 
     def encode(self, text: str, pair: str | None = None, *, max_length: int | None = None,
                truncation: str | bool = "longest_first", padding: str | bool = False, stride: int = 0,
@@ -365,6 +373,13 @@ class Tokenizer:
         those words, and offsets are relative to each word."""
         inputs = _batch_inputs(texts, pairs, is_pretokenized)
         self._configure(max_length, truncation, stride, False, None)
+        if len(inputs) == 1:  # one text (a served one): the same Encoding, without the backend's thread pool
+            text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
+            try:
+                return [self.backend.encode(text, pair, is_pretokenized=is_pretokenized,
+                                            add_special_tokens=add_special_tokens)]
+            except Exception as exc:
+                raise InputError(f"cannot tokenise this text: {exc}") from exc
         return self._run_batch(inputs, add_special_tokens, is_pretokenized)
 
     def _run_batch(self, inputs: list[Any], add_special_tokens: bool, is_pretokenized: bool = False) -> list[Any]:
@@ -388,6 +403,7 @@ class Tokenizer:
         directory.mkdir(parents=True, exist_ok=True)
         self.backend.no_truncation()
         self.backend.no_padding()
+        self._configured = None
         self.backend.save(str(directory / "tokenizer.json"))
         if self.kind in ("wordpiece", "bpe"):
             self.backend.model.save(str(directory))  # vocab.txt, or vocab.json + merges.txt

@@ -203,6 +203,54 @@ def test_tokenizer_encode_ids_is_unpadded(minilm_dir) -> None:
     assert types[0] == tokenizer.encode("one", "pair").token_type_ids
 
 
+def test_one_text_is_tokenised_as_in_a_batch_and_settings_follow_each_call(minilm_dir, tmp_path) -> None:
+    """encode_raw of one input calls the backend's single encode (no batch): the same ids, type ids and
+    overflowing windows as that input in a batch, pairs and pre-tokenised words included; the truncation and
+    padding the backend keeps between calls are those of each call, also after encode_batch and save."""
+    tokenizer = Tokenizer.from_pretrained(minilm_dir)
+    text = " ".join(f"word{i}" for i in range(40))
+    cases = [dict(texts=[text], max_length=16, stride=4), dict(texts=["one text", text], pairs=["pair", "x"]),
+             dict(texts=[["pre", "tokenised", "words"]], is_pretokenized=True)]
+    for case in cases:
+        together = tokenizer.encode_raw(case["texts"] * 2, case.get("pairs") and case["pairs"] * 2,
+                                        **{k: v for k, v in case.items() if k not in ("texts", "pairs")})
+        for index in range(len(case["texts"])):
+            alone = tokenizer.encode_raw(case["texts"][index:index + 1],
+                                         case.get("pairs") and case["pairs"][index:index + 1],
+                                         **{k: v for k, v in case.items() if k not in ("texts", "pairs")})[0]
+            assert alone.ids == together[index].ids and alone.type_ids == together[index].type_ids
+            assert [w.ids for w in alone.overflowing] == [w.ids for w in together[index].overflowing]
+    assert len(tokenizer.encode_raw([text], max_length=16)[0].ids) == 16
+    batch = tokenizer.encode_batch(["a", text], max_length=12, pad_to_multiple_of=8)
+    assert batch.input_ids.shape == (2, 16)  # padded by this call's settings
+    assert len(tokenizer.encode_raw(["a"], max_length=12)[0].ids) == 3  # and unpadded again by this one's
+    assert len(tokenizer.encode_raw([text], max_length=12)[0].ids) == 12
+    tokenizer.save(tmp_path)  # the backend's settings cleared for the file
+    assert len(tokenizer.encode_raw([text], max_length=12)[0].ids) == 12
+
+
+def test_one_text_path_equals_the_batch_path_at_each_length(minilm_embedder) -> None:
+    """Engine._pooled_one keeps one packing per length: texts of different and repeated lengths, with their
+    segment ids, give each the vector the batch path gives them, and normalised as F.normalize does."""
+    from encoderkit.tasks.embed import unit_rows
+
+    texts = ["short", "a somewhat longer text than that", "short", "a somewhat longer text than this",
+             "three words here"]
+    ids, types, _ = minilm_embedder._tokenize(texts)
+    engine = minilm_embedder.engine
+    together = engine.pooled(ids, types, lanes=1)
+    for index in range(len(texts)):
+        alone = engine.pooled(ids[index:index + 1], types[index:index + 1])
+        assert (alone - together[index]).abs().max() < 1e-6
+    assert {len(x) for x in ids} <= {length for length, _ in engine._one_packings}
+    vectors = minilm_embedder.encode(texts, lanes=1)
+    for index, text in enumerate(texts):
+        assert np.abs(minilm_embedder.encode(text) - vectors[index]).max() < 1e-6
+    rows = torch.randn(4, 384, dtype=torch.float64)
+    rows[2] = 0.0
+    assert torch.equal(unit_rows(rows), F.normalize(rows, p=2, dim=1))
+
+
 def test_for_inference_fuses_gelu_and_residual_adds() -> None:
     """After for_inference the exact GELU and the post-norm residual adds run inside the oneDNN products (no
     gelu or add op left in the layers), and one sequence alone, whose SDPA output is taken as the rows without
