@@ -259,6 +259,21 @@ def test_fp32_product_is_within_its_rounding_bound_for_every_block_size():
         assert np.all(np.abs(got - want) <= bound), f"{rows} rows: off by {np.abs(got - want).max():.3g}"
 
 
+@pytest.mark.parametrize("inputs", [37, 100])
+def test_fp32_product_of_many_rows_is_each_row_alone_bit_for_bit(inputs):
+    """Every row of a product of 1 to 60 rows equals the product of that row alone, to the bit: however the rows are
+    blocked (several blocks summed slice by slice of k on 256-bit builds, EK_KSLICE; the blocks' sizes; chunks),
+    each output is the same sum in the same order. 100 inputs make slices of 32 with a partial last one."""
+    generator = np.random.default_rng(2)
+    weight = torch.from_numpy(generator.standard_normal((70, inputs)).astype(np.float32))
+    bias = torch.from_numpy(generator.standard_normal(70).astype(np.float32))
+    x = torch.from_numpy(generator.standard_normal((60, inputs)).astype(np.float32))
+    alone = torch.cat([native.fp32_product(x[row:row + 1], weight, bias) for row in range(60)])
+    for rows in range(1, 61):
+        together = native.fp32_product(x[:rows], weight, bias)
+        assert torch.equal(together, alone[:rows]), f"{rows} rows: off by {(together - alone[:rows]).abs().max():.3g}"
+
+
 def test_fp32_product_in_several_chunks_of_rows_is_within_its_rounding_bound():
     """Rows enough for several of the products' chunks of rows (``EK_CHUNK_BYTES`` of inputs each: tens of rows of
     1,536 inputs), the last one partial: every row within the fp32 bound of the float64 product, as one chunk's are."""

@@ -8,7 +8,7 @@
 // weight is packed once into panels of VW output columns, k-major, read front to back once per call; the rows
 // are held in registers (R rows x VW columns of accumulators), and the bias, the activation or the residual
 // add are applied to the accumulators before they are stored. Panels are split between the threads; many rows are
-// taken in chunks (product_part).
+// taken in chunks, and a short text's few blocks of rows take each pair of panels slice by slice of k (product_part).
 //
 // Numbers: fp32 throughout, products summed in k order with fused multiply-adds. exp is Cephes' polynomial
 // (about 2 ulp), erf comes from erfc's Chebyshev fit (Numerical Recipes' erfcc, relative error under 1.2e-7).
@@ -125,69 +125,82 @@ inline void finish(const Product& g, int row, int col, vf v) {
 // the last-level cache between calls are worth keeping there. bench/native_phases.py measures the products.
 constexpr int AHEAD = 128;
 
+// The sums of R rows times P panels over k0..k1, in k order, added to ``acc``.
+template <int R, int P>
+__attribute__((always_inline)) inline void sum_k(const float* w, const float* x, int K, int k0, int k1,
+                                                 vf (&acc)[P][R]) {
+  for (int k = k0; k < k1; k++) {
+    vf wk[P];
+    for (int q = 0; q < P; q++) {
+      wk[q] = loadu(w + ((size_t)q * K + k) * VW);
+      __builtin_prefetch(w + ((size_t)q * K + k + AHEAD / 4) * VW);
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < R; r++) {
+      const float xr = x[(size_t)r * K + k];
+      for (int q = 0; q < P; q++) acc[q][r] = fused(xr, wk[q], acc[q][r]);
+    }
+  }
+}
+
+// A block's accumulators: the bias where k0 is 0, else the sums ``carried`` from the slices before.
+template <int R, int P>
+__attribute__((always_inline)) inline void start_sums(const float* bias, int k0, const vf* carried,
+                                                      vf (&acc)[P][R]) {
+  for (int q = 0; q < P; q++) {
+    const vf b = loadu(bias + (size_t)q * VW);
+    for (int r = 0; r < R; r++) acc[q][r] = k0 == 0 ? b : carried[q * R + r];
+  }
+}
+
+// The sums of a block over k0..k1 (all of k: k0 = 0, k1 = K), stored in ``out`` (P x R vectors), which holds the
+// sums of the slices before where k0 > 0.
 #if VW == 8
 // With 16 vector registers (AVX2) the k loop is a function of its own: inlined beside the epilogue after it (bias,
 // activation, residual), GCC keeps an accumulator in memory, a store and a load on every k, even where the registers
-// would hold them all (the 256-bit build's assembly). The sums, in the same k order, land in ``out``.
+// would hold them all (the 256-bit build's assembly).
 template <int R, int P>
-__attribute__((noinline)) void accumulate(const float* w, const float* x, int K, const float* bias, vf (*out)[R]) {
+__attribute__((noinline)) void accumulate(const Product& g, int m0, int panel, int k0, int k1, vf* out) {
   vf acc[P][R];
-  for (int q = 0; q < P; q++) {
-    vf b = loadu(bias + (size_t)q * VW);
-    for (int r = 0; r < R; r++) acc[q][r] = b;
-  }
-  for (int k = 0; k < K; k++) {
-    vf wk[P];
-    for (int q = 0; q < P; q++) {
-      wk[q] = loadu(w + ((size_t)q * K + k) * VW);
-      __builtin_prefetch(w + ((size_t)q * K + k + AHEAD / 4) * VW);
-    }
-#pragma GCC unroll 32
-    for (int r = 0; r < R; r++) {
-      const float xr = x[(size_t)r * K + k];
-      for (int q = 0; q < P; q++) acc[q][r] += xr * wk[q];
-    }
-  }
+  start_sums<R, P>(g.bias + (size_t)panel * VW, k0, out, acc);
+  sum_k<R, P>(g.packed + (size_t)panel * g.K * VW, g.x + (size_t)m0 * g.K, g.K, k0, k1, acc);
   for (int q = 0; q < P; q++)
-    for (int r = 0; r < R; r++) out[q][r] = acc[q][r];
+    for (int r = 0; r < R; r++) out[q * R + r] = acc[q][r];
 }
 
 template <int R, int P>
 inline void block(const Product& g, int m0, int panel) {
-  vf acc[P][R];
-  accumulate<R, P>(g.packed + (size_t)panel * g.K * VW, g.x + (size_t)m0 * g.K, g.K, g.bias + (size_t)panel * VW,
-                   acc);
+  vf acc[P * R];
+  accumulate<R, P>(g, m0, panel, 0, g.K, acc);
   for (int q = 0; q < P; q++)
-    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q][r]);
+    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q * R + r]);
 }
 #else  // 32 registers (AVX-512): one function, no accumulator in memory below its largest blocks
 template <int R, int P>
-inline void block(const Product& g, int m0, int panel) {
-  const float* w = g.packed + (size_t)panel * g.K * VW;
-  const float* x = g.x + (size_t)m0 * g.K;
-  const int K = g.K;
+inline void accumulate(const Product& g, int m0, int panel, int k0, int k1, vf* out) {
   vf acc[P][R];
-  for (int q = 0; q < P; q++) {
-    vf b = loadu(g.bias + (size_t)(panel + q) * VW);
-    for (int r = 0; r < R; r++) acc[q][r] = b;
-  }
-  for (int k = 0; k < K; k++) {
-    vf wk[P];
-    for (int q = 0; q < P; q++) {
-      wk[q] = loadu(w + ((size_t)q * K + k) * VW);
-      __builtin_prefetch(w + ((size_t)q * K + k + AHEAD / 4) * VW);
-    }
-#pragma GCC unroll 32
-    for (int r = 0; r < R; r++) {
-      const float xr = x[(size_t)r * K + k];
-      for (int q = 0; q < P; q++) acc[q][r] += xr * wk[q];
-    }
-  }
+  start_sums<R, P>(g.bias + (size_t)panel * VW, k0, out, acc);
+  sum_k<R, P>(g.packed + (size_t)panel * g.K * VW, g.x + (size_t)m0 * g.K, g.K, k0, k1, acc);
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) out[q * R + r] = acc[q][r];
+}
+
+template <int R, int P>
+inline void block(const Product& g, int m0, int panel) {
+  vf acc[P][R];
+  start_sums<R, P>(g.bias + (size_t)panel * VW, 0, nullptr, acc);
+  sum_k<R, P>(g.packed + (size_t)panel * g.K * VW, g.x + (size_t)m0 * g.K, g.K, 0, g.K, acc);
   for (int q = 0; q < P; q++)
     for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q][r]);
 }
-
 #endif  // VW
+
+// A block's epilogue, once every slice of k is summed into ``acc``.
+template <int R, int P>
+void block_finish(const Product& g, int m0, int panel, const vf* acc) {
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q * R + r]);
+}
 
 #if EK_INT8
 // The int8 block: four k at a time, the row's four codes broadcast against each column's four weight codes, summed
@@ -305,6 +318,45 @@ const std::array<BlockFn, ROWS2> TWO_PANELS_INT8 = TWO_PANELS;
 #define EK_CHUNK_BYTES (192 * 1024)
 #endif
 
+// Blocks of rows summed slice by slice of k (EK_KSLICE k a slice, 0: off): see ``sliced_pair``. On 256-bit builds
+// only: a 512-bit build's blocks hold 14 rows, so a short text has at most a block or two to overlap, and each
+// slice stores and reloads up to 28 accumulators; measured there (Zen 5), slices were slower.
+#ifndef EK_KSLICE
+#if VW == 8
+#define EK_KSLICE 32
+#else
+#define EK_KSLICE 0
+#endif
+#endif
+typedef void (*SliceFn)(const Product&, int, int, int, int, vf*);
+typedef void (*FinishFn)(const Product&, int, int, const vf*);
+template <int... I>
+constexpr std::array<SliceFn, sizeof...(I)> slices_of(std::integer_sequence<int, I...>) {
+  return {accumulate<I + 1, 2>...};
+}
+template <int... I>
+constexpr std::array<FinishFn, sizeof...(I)> finishes_of(std::integer_sequence<int, I...>) {
+  return {block_finish<I + 1, 2>...};
+}
+const std::array<SliceFn, ROWS2> TWO_PANEL_SLICES = slices_of(std::make_integer_sequence<int, ROWS2>{});
+const std::array<FinishFn, ROWS2> TWO_PANEL_FINISHES = finishes_of(std::make_integer_sequence<int, ROWS2>{});
+constexpr int SLICED_BLOCKS = 8;  // the most blocks of rows a pair of panels is sliced for
+
+// A pair of panels times a few blocks of rows (a short text's), slice by slice of k. Block by block, the first
+// block reads the panels from memory and the others from the core's cache after it, so their sums wait for the
+// whole panels to stream in. Slice by slice, the first block reads a slice from memory and the others run while the
+// next slice streams in. Each output is the same sum in the same order.
+void sliced_pair(const Product& g, int c0, int c1, int p) {
+  vf acc[SLICED_BLOCKS][2 * ROWS2];
+  for (int k0 = 0; k0 < g.K; k0 += EK_KSLICE) {
+    const int k1 = std::min(g.K, k0 + EK_KSLICE);
+    for (int m0 = c0, b = 0; m0 < c1; m0 += ROWS2, b++)
+      TWO_PANEL_SLICES[std::min(ROWS2, c1 - m0) - 1](g, m0, p, k0, k1, acc[b]);
+  }
+  for (int m0 = c0, b = 0; m0 < c1; m0 += ROWS2, b++)
+    TWO_PANEL_FINISHES[std::min(ROWS2, c1 - m0) - 1](g, m0, p, acc[b]);
+}
+
 void product_part(const Product& g, int part, int parts) {
   const auto& two = g.qpacked ? TWO_PANELS_INT8 : TWO_PANELS;
   const auto& one = g.qpacked ? ONE_PANEL_INT8 : ONE_PANEL;
@@ -314,8 +366,13 @@ void product_part(const Product& g, int part, int parts) {
   const int chunk = EK_CHUNK_BYTES > 0 ? std::max(ROWS2, (int)(EK_CHUNK_BYTES / row_bytes) / ROWS2 * ROWS2) : g.M;
   for (int c0 = 0; c0 < g.M; c0 += chunk) {
     const int c1 = std::min(g.M, c0 + chunk);
-    for (int p = 2 * begin; p < 2 * end; p += 2)
-      for (int m0 = c0; m0 < c1; m0 += ROWS2) two[std::min(ROWS2, c1 - m0) - 1](g, m0, p);
+    const int blocks = (c1 - c0 + ROWS2 - 1) / ROWS2;
+    if (EK_KSLICE > 0 && !g.qpacked && blocks > 1 && blocks <= SLICED_BLOCKS) {
+      for (int p = 2 * begin; p < 2 * end; p += 2) sliced_pair(g, c0, c1, p);
+    } else {
+      for (int p = 2 * begin; p < 2 * end; p += 2)
+        for (int m0 = c0; m0 < c1; m0 += ROWS2) two[std::min(ROWS2, c1 - m0) - 1](g, m0, p);
+    }
     if (panels % 2 && part == parts - 1)
       for (int m0 = c0; m0 < c1; m0 += ROWS1) one[std::min(ROWS1, c1 - m0) - 1](g, m0, panels - 1);
   }
