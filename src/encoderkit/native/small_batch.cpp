@@ -340,7 +340,9 @@ constexpr std::array<FinishFn, sizeof...(I)> finishes_of(std::integer_sequence<i
 }
 const std::array<SliceFn, ROWS2> TWO_PANEL_SLICES = slices_of(std::make_integer_sequence<int, ROWS2>{});
 const std::array<FinishFn, ROWS2> TWO_PANEL_FINISHES = finishes_of(std::make_integer_sequence<int, ROWS2>{});
-constexpr int SLICED_BLOCKS = 8;  // the most blocks of rows a pair of panels is sliced for
+// Products of at most this many blocks of rows are sliced: a batch of many rows keeps each panel in the core's cache
+// for its many blocks anyway (and a chunk of rows of a wide product, a few blocks, is no short text).
+constexpr int SLICED_BLOCKS = 8;
 
 // A pair of panels times a few blocks of rows (a short text's), slice by slice of k. Block by block, the first
 // block reads the panels from memory and the others from the core's cache after it, so their sums wait for the
@@ -366,8 +368,7 @@ void product_part(const Product& g, int part, int parts) {
   const int chunk = EK_CHUNK_BYTES > 0 ? std::max(ROWS2, (int)(EK_CHUNK_BYTES / row_bytes) / ROWS2 * ROWS2) : g.M;
   for (int c0 = 0; c0 < g.M; c0 += chunk) {
     const int c1 = std::min(g.M, c0 + chunk);
-    const int blocks = (c1 - c0 + ROWS2 - 1) / ROWS2;
-    if (EK_KSLICE > 0 && !g.qpacked && blocks > 1 && blocks <= SLICED_BLOCKS) {
+    if (EK_KSLICE > 0 && !g.qpacked && c1 - c0 > ROWS2 && g.M <= SLICED_BLOCKS * ROWS2) {
       for (int p = 2 * begin; p < 2 * end; p += 2) sliced_pair(g, c0, c1, p);
     } else {
       for (int p = 2 * begin; p < 2 * end; p += 2)
