@@ -154,13 +154,16 @@ __attribute__((always_inline)) inline void start_sums(const float* bias, int k0,
 }
 
 // The sums of a block over k0..k1 (all of k: k0 = 0, k1 = K), stored in ``out`` (P x R vectors), which holds the
-// sums of the slices before where k0 > 0.
+// sums of the slices before where k0 > 0. With 16 vector registers (AVX2) the k loop is a function of its own:
+// inlined beside the epilogue after it (bias, activation, residual), GCC keeps an accumulator in memory, a store and
+// a load on every k, even where the registers would hold them all (the 256-bit build's assembly).
 #if VW == 8
-// With 16 vector registers (AVX2) the k loop is a function of its own: inlined beside the epilogue after it (bias,
-// activation, residual), GCC keeps an accumulator in memory, a store and a load on every k, even where the registers
-// would hold them all (the 256-bit build's assembly).
+#define EK_K_LOOP __attribute__((noinline))
+#else
+#define EK_K_LOOP inline
+#endif
 template <int R, int P>
-__attribute__((noinline)) void accumulate(const Product& g, int m0, int panel, int k0, int k1, vf* out) {
+EK_K_LOOP void accumulate(const Product& g, int m0, int panel, int k0, int k1, vf* out) {
   vf acc[P][R];
   start_sums<R, P>(g.bias + (size_t)panel * VW, k0, out, acc);
   sum_k<R, P>(g.packed + (size_t)panel * g.K * VW, g.x + (size_t)m0 * g.K, g.K, k0, k1, acc);
@@ -168,6 +171,7 @@ __attribute__((noinline)) void accumulate(const Product& g, int m0, int panel, i
     for (int r = 0; r < R; r++) out[q * R + r] = acc[q][r];
 }
 
+#if VW == 8
 template <int R, int P>
 inline void block(const Product& g, int m0, int panel) {
   vf acc[P * R];
@@ -176,15 +180,6 @@ inline void block(const Product& g, int m0, int panel) {
     for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q * R + r]);
 }
 #else  // 32 registers (AVX-512): one function, no accumulator in memory below its largest blocks
-template <int R, int P>
-inline void accumulate(const Product& g, int m0, int panel, int k0, int k1, vf* out) {
-  vf acc[P][R];
-  start_sums<R, P>(g.bias + (size_t)panel * VW, k0, out, acc);
-  sum_k<R, P>(g.packed + (size_t)panel * g.K * VW, g.x + (size_t)m0 * g.K, g.K, k0, k1, acc);
-  for (int q = 0; q < P; q++)
-    for (int r = 0; r < R; r++) out[q * R + r] = acc[q][r];
-}
-
 template <int R, int P>
 inline void block(const Product& g, int m0, int panel) {
   vf acc[P][R];
