@@ -40,7 +40,8 @@ and CTranslate2, while ONNX Runtime, fastembed and OpenVINO pick their instructi
 them). Such a run is written as peers_avx2_imitated.json, beside the real tiers' runs, with no profile. encoderkit's
 int8 follows its probe of oneDNN (7-bit codes under these variables), but the int8 peers use the CPU's VNNI, and
 encoderkit's bf16 and "auto" read the CPU's bf16 flags: only the fp32 rows compare like with like, so skip the
-others (``--skip``).
+others (``--skip``). OpenVINO's int8 (NNCF) graph does not compile under ``ONEDNN_MAX_CPU_ISA=AVX2`` (no primitive
+for its Softmax).
 
 Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2) and fastembed (`make bench` installs
 them); writes bench/results/peers.json and bench/results/peers_profile.json / peers_profile.txt. Exports and

@@ -92,8 +92,7 @@ class Engine:
         if packing is None:
             packing = Packing.from_lengths([length], overhead=0, device=device, mask_dtype=self.precision.dtype)
             self._one_packings[(length, device)] = packing  # at most one per length the model takes
-        if self.encoder.config.type_vocab_size < 2:
-            types = None
+        types = self._segments(types)
         with _inference():
             flat_ids = torch.as_tensor(ids, dtype=torch.int64).to(device)
             flat_types = None if types is None else torch.as_tensor(types, dtype=torch.int64).to(device)
@@ -156,11 +155,15 @@ class Engine:
         budget = max(self.precision.token_budget, int(lengths.max(initial=1)))
         return lengths, plan_batches(lengths, budget, max_batch_size or self.max_batch_size)
 
+    def _segments(self, types):
+        """``types`` where the encoder has segment embeddings to tell apart; None where it has one (or none),
+        whatever the tokenizer says."""
+        return None if self.encoder.config.type_vocab_size < 2 else types
+
     def _batches(self, ids: Sequence[Sequence[int]], types: Sequence[Sequence[int]] | None, lengths: np.ndarray,
                  batches: Sequence[np.ndarray]) -> Iterator[tuple[np.ndarray, torch.Tensor, Packing]]:
         """Each of ``batches`` packed and run through the encoder, as ``run`` yields them."""
-        if self.encoder.config.type_vocab_size < 2:  # one segment embedding (or none), whatever the tokenizer says
-            types = None
+        types = self._segments(types)
         device = _device_of(self.encoder)
         with _inference():
             for indices in batches:

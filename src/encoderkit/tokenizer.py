@@ -373,21 +373,23 @@ class Tokenizer:
         those words, and offsets are relative to each word."""
         inputs = _batch_inputs(texts, pairs, is_pretokenized)
         self._configure(max_length, truncation, stride, False, None)
-        if len(inputs) == 1:  # one text (a served one): the same Encoding, without the backend's thread pool
-            text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
-            try:
+        return self._run_batch(inputs, add_special_tokens, is_pretokenized, unpadded=True)
+
+    def _run_batch(self, inputs: list[Any], add_special_tokens: bool, is_pretokenized: bool = False, *,
+                   unpadded: bool = False) -> list[Any]:
+        """The backend's Encodings of ``inputs``. One ``unpadded`` input (a served text) is encoded by itself: the
+        same Encoding, without the backend's thread pool (a padded batch of one keeps the batch call, whose padding
+        rules, ``pad_to_multiple_of`` included, the single call does not apply)."""
+        alone = unpadded and len(inputs) == 1
+        try:
+            if alone:
+                text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
                 return [self.backend.encode(text, pair, is_pretokenized=is_pretokenized,
                                             add_special_tokens=add_special_tokens)]
-            except Exception as exc:
-                raise InputError(f"cannot tokenise this text: {exc}") from exc
-        return self._run_batch(inputs, add_special_tokens, is_pretokenized)
-
-    def _run_batch(self, inputs: list[Any], add_special_tokens: bool, is_pretokenized: bool = False) -> list[Any]:
-        try:
             return self.backend.encode_batch(inputs, is_pretokenized=is_pretokenized,
                                              add_special_tokens=add_special_tokens)
         except Exception as exc:
-            raise InputError(f"cannot tokenise this batch: {exc}") from exc
+            raise InputError(f"cannot tokenise this {'text' if alone else 'batch'}: {exc}") from exc
 
     def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None,
                  **kwargs: Any) -> BatchEncoding:

@@ -171,13 +171,19 @@ EK_K_LOOP void accumulate(const Product& g, int m0, int panel, int k0, int k1, v
     for (int r = 0; r < R; r++) out[q * R + r] = acc[q][r];
 }
 
+// A block's epilogue, once all of k is summed into ``acc`` (P x R vectors).
+template <int R, int P>
+inline void block_finish(const Product& g, int m0, int panel, const vf* acc) {
+  for (int q = 0; q < P; q++)
+    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q * R + r]);
+}
+
 #if VW == 8
 template <int R, int P>
 inline void block(const Product& g, int m0, int panel) {
   vf acc[P * R];
   accumulate<R, P>(g, m0, panel, 0, g.K, acc);
-  for (int q = 0; q < P; q++)
-    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q * R + r]);
+  block_finish<R, P>(g, m0, panel, acc);
 }
 #else  // 32 registers (AVX-512): one function, no accumulator in memory below its largest blocks
 template <int R, int P>
@@ -189,13 +195,6 @@ inline void block(const Product& g, int m0, int panel) {
     for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q][r]);
 }
 #endif  // VW
-
-// A block's epilogue, once every slice of k is summed into ``acc``.
-template <int R, int P>
-void block_finish(const Product& g, int m0, int panel, const vf* acc) {
-  for (int q = 0; q < P; q++)
-    for (int r = 0; r < R; r++) finish(g, m0 + r, (panel + q) * VW, acc[q * R + r]);
-}
 
 #if EK_INT8
 // The int8 block: four k at a time, the row's four codes broadcast against each column's four weight codes, summed

@@ -20,6 +20,7 @@ typedef int32_t viu __attribute__((vector_size(VW * 4), aligned(1)));
 
 static inline vf splat(float a) { return vf{} + a; }
 static inline vf loadu(const float* p) { return *(const vfu*)p; }
+static inline void storeu(float* p, vf v) { *(vfu*)p = v; }
 
 // a * b + c, each lane rounded once: a fused multiply-add that the compiler cannot leave as a multiply and an add
 // (GCC contracts ``acc += a * b`` in most places, but not in all of them).
@@ -30,7 +31,6 @@ static inline vf fused(float a, vf b, vf c) {
   return (vf)_mm256_fmadd_ps(_mm256_set1_ps(a), (__m256)b, (__m256)c);
 #endif
 }
-static inline void storeu(float* p, vf v) { *(vfu*)p = v; }
 
 static inline float horizontal_sum(vf v) {  // lane 0 first, in order
   float s = 0.0f;
