@@ -329,6 +329,25 @@ def test_attention_equals_float64_attention(dim, threads):
         assert diff <= 1e-5, f"a sequence of {n} tokens (head size {dim}): off by {diff:.3g}"
 
 
+def test_attention_output_dimensions_are_the_same_sums_wherever_they_lie():
+    """Each output dimension is sum_j p_ij v_j[d], summed in key order with fused multiply-adds, whether it falls in
+    the vectors' blocks or in the edge done element by element (head size 20: 16 or 4 dimensions past whole vectors
+    of 8 or 16 lanes). So moving the values' dimensions within each head (the edge's to the front) moves the output's
+    with them, to the bit."""
+    heads, dim, generator = 3, 20, np.random.default_rng(7)
+    lengths = [1, 9, 33, 100]
+    starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    qkv = generator.standard_normal((starts[-1], 3 * heads * dim)).astype(np.float32)
+    order = np.roll(np.arange(dim), 4)  # 16..19 first, then 0..15
+    columns = np.arange(heads * dim).reshape(heads, dim)[:, order].ravel()
+    moved = qkv.copy()
+    moved[:, 2 * heads * dim:] = qkv[:, 2 * heads * dim:][:, columns]
+    got, got_moved = (native.attention(torch.from_numpy(x), torch.tensor(starts), heads, 0.5, max(lengths))
+                      for x in (qkv, moved))
+    assert got is not None, f"the kernel's attention declined: {native.status()}"
+    assert torch.equal(got_moved, got[:, columns]), f"off by {(got_moved - got[:, columns]).abs().max():.3g}"
+
+
 def test_attention_declines_what_it_does_not_compute():
     """Past ``attention_max_length()`` (where SDPA's kernel is the faster), in bf16, with a gradient to keep, or rows
     that are not whole heads of q | k | v: None, and the caller runs SDPA."""

@@ -488,7 +488,7 @@ static inline void scores_block(const float* const* rows, const float* qt, int c
     for (int c = 0; c < C; c++) qv[c] = loadu(q + c * VW);
     for (int r = 0; r < R; r++) {
       const float kr = rows[r][d];  // a scalar times a vector: a broadcast load (splat adds 0, a step more)
-      for (int c = 0; c < C; c++) acc[r][c] += kr * qv[c];
+      for (int c = 0; c < C; c++) acc[r][c] = fused(kr, qv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; r++)  // a whole block's stores unrolled: the sums stay in registers
@@ -509,7 +509,7 @@ static inline void values_block(const float* PT, int columns, const float* inver
     for (int c = 0; c < C; c++) vv[c] = loadu(vj + c * VW);
     for (int r = 0; r < R; r++) {
       const float p = PT[(size_t)j * columns + r];
-      for (int c = 0; c < C; c++) acc[r][c] += p * vv[c];
+      for (int c = 0; c < C; c++) acc[r][c] = fused(p, vv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; r++)
@@ -612,7 +612,7 @@ void attention_part(const Attention& a, int part, int parts) {
       for (; d < dim; d++)
         for (int b = 0; b < count; b++) {
           float sum = 0.0f;
-          for (int j = 0; j < n; j++) sum += PT[(size_t)j * columns + b] * v[(size_t)j * stride + d];
+          for (int j = 0; j < n; j++) sum = std::fma(PT[(size_t)j * columns + b], v[(size_t)j * stride + d], sum);
           out[(size_t)b * a.hidden + d] = sum * inverse[i0 + b];
         }
     }
