@@ -20,7 +20,8 @@ Goals: the native attention faster end to end than SDPA everywhere; this build's
 limit measured end to end; and, by the attention alone, native no slower than SDPA at the limit (1 and 2 threads)
 and slower at the next length measured on 1 thread (a lane). Written as bench/results/attention_lengths_<bits>.json,
 by the native build's vectors (256 or 512 bits); an AVX2 tier is imitated on a bigger CPU with
-``ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` (the result records them).
+``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni' ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` (the result
+records them).
 
     flock -x /tmp/bench.lock python bench/attention_lengths.py [--rounds 5]
 """

@@ -205,7 +205,8 @@ _STARTED_AT = _code_state()
 
 
 # Variables that change which instructions the kernels use: a smaller CPU tier imitated on a bigger one
-# (ENCODERKIT_NATIVE_FLAGS=-mno-avx512f, ONEDNN_MAX_CPU_ISA=AVX2, ...; CTranslate2 its own with CT2_FORCE_CPU_ISA).
+# (ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni', ONEDNN_MAX_CPU_ISA=AVX2, ...; CTranslate2 its own with
+# CT2_FORCE_CPU_ISA).
 # A result records those that were set, since the CPU flags it records are the machine's own.
 INSTRUCTION_VARIABLES = ("ENCODERKIT_NATIVE_FLAGS", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
                          "ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA")
@@ -227,6 +228,17 @@ def provenance() -> dict[str, Any]:
     if environment:
         made["environment"] = environment
     return made
+
+
+def imitation_problem() -> str | None:
+    """Why this process does not imitate the AVX2-only tier it was asked to, or None. ``-mno-avx512f`` alone leaves
+    a CPU's AVX-VNNI on (Zen 5, Intel since Alder Lake): the 256-bit build then sums int8 with vpdpbusd, an
+    AVX2-with-VNNI tier, not the AVX2-only one whose int8 adds pairs in 16 bits."""
+    flags = os.environ.get("ENCODERKIT_NATIVE_FLAGS", "").split()
+    if "-mno-avx512f" in flags and "-mno-avxvnni" not in flags and machine()["cpu_flags"]["avx_vnni"]:
+        return ("ENCODERKIT_NATIVE_FLAGS has -mno-avx512f but this CPU has AVX-VNNI, which the 256-bit build would "
+                "use; add -mno-avxvnni (ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni') to imitate AVX2 only")
+    return None
 
 
 def instruction_environment() -> dict[str, str]:

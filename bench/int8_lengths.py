@@ -11,7 +11,7 @@ AVX2 and AVX512BW) against PyTorch's int8 kernels, all-MiniLM-L6-v2 in int8 (``E
 
 The goal: this tier's limit (``INT8_MAX_LENGTHS``) is within 2% of the fastest limit measured. Written as
 bench/results/int8_lengths_<tier>.json (``vnni`` or ``pair_sums``). On a CPU with VNNI the pair-sum tier can be
-imitated with ``ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2``: the kernel is then built for 256-bit
+imitated with ``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni' ONEDNN_MAX_CPU_ISA=AVX2``: the kernel is then built for 256-bit
 vectors without VNNI, but PyTorch's int8 kernels (FBGEMM) still use the CPU's widest instructions, which favours
 PyTorch; the result says so.
 
@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from common import SHARED, batch_of_length, require, smoke_size, write_result
+from common import SHARED, batch_of_length, imitation_problem, require, smoke_size, write_result
 
 LENGTHS = (32, 64, 128, 256)
 LIMITS = (64, 128, 256)
@@ -37,6 +37,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=smoke_size(5, 1))
     args = parser.parse_args()
+    if imitation_problem():
+        raise SystemExit(f"bench/int8_lengths.py: {imitation_problem()}")
     import torch
 
     from encoderkit import Embedder, default_model_path, native

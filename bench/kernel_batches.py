@@ -22,8 +22,8 @@ up to this build's ``attention_max_length()`` (a batch of 2,048 tokens spends li
 where the kernel gains most, so here the products decide); the chunked products no slower than unchunked ones in
 sum at 2,048 rows. Written as bench/results/kernel_batches_<bits>bit.json, by the
 native build's vectors (256 or 512 bits); an AVX2 tier is imitated on a bigger CPU with
-``ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2``
-(the result records them).
+``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni' ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+ATEN_CPU_CAPABILITY=avx2`` (the result records them).
 
     flock -x /tmp/bench.lock python bench/kernel_batches.py [--rounds 5]
 """

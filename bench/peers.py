@@ -34,9 +34,10 @@ tools/fetch_all_mpnet_base_v2.py), written as peers_<directory name>.json, with 
 no MPNet converter) is listed as not available with the reason. ``--texts N`` times the first N texts (a model
 eight times MiniLM's size takes eight times as long a turn).
 
-An AVX2 CPU can be imitated on a bigger one: ``ENCODERKIT_NATIVE_FLAGS=-mno-avx512f ONEDNN_MAX_CPU_ISA=AVX2
-MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE_CPU_ISA=AVX2`` limit encoderkit, sentence-transformers
-and CTranslate2, while ONNX Runtime, fastembed and OpenVINO pick their instructions from the CPU itself (favouring
+An AVX2 CPU can be imitated on a bigger one: ``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni'
+ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE_CPU_ISA=AVX2`` limit
+encoderkit, sentence-transformers and CTranslate2 (a run with ``-mno-avx512f`` alone on a CPU with AVX-VNNI is
+refused: its kernel would sum int8 with VNNI), while ONNX Runtime, fastembed and OpenVINO pick their instructions from the CPU itself (favouring
 them). Such a run is written as peers_avx2_imitated.json, beside the real tiers' runs, with no profile. encoderkit's
 int8 follows its probe of oneDNN (7-bit codes under these variables), but the int8 peers use the CPU's VNNI, and
 encoderkit's bf16 and "auto" read the CPU's bf16 flags: only the fp32 rows compare like with like, so skip the
@@ -1102,6 +1103,10 @@ def main() -> None:
     model_dir = (args.model or default_model_path()).expanduser()
     if args.child:
         return child(args.child, args.child_out, args.calls, args.keep_vectors, args.limit, model_dir)
+    from common import imitation_problem
+
+    if imitation_problem():
+        raise SystemExit(f"bench/peers.py: {imitation_problem()}")
     use_model(model_dir)
     default = model_dir.resolve() == default_model_path().resolve()
     if SMOKE:  # bench/__main__.py's smoke run: a few texts, one round, the result in its folder

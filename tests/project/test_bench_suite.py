@@ -139,6 +139,24 @@ def test_results_record_and_show_the_instruction_variables(monkeypatch):
     assert "Run with" not in report._machine(_result())
 
 
+@pytest.mark.parametrize("avx_vnni", [True, False])
+def test_an_avx2_imitation_that_leaves_avx_vnni_on_is_named(avx_vnni, monkeypatch):
+    """``-mno-avx512f`` alone on a CPU with AVX-VNNI builds a kernel that sums int8 with VNNI: not the AVX2-only tier
+    the run would be filed as. The problem names the flag to add; with it, or on a CPU without AVX-VNNI, none."""
+    common = bench_module("common")
+    flags = {flag: flag in ("avx2", "avx512f", "avx_vnni" if avx_vnni else "avx2") for flag in common.CPU_FLAGS}
+    monkeypatch.setattr(common, "machine", lambda: {"cpu_flags": flags})
+    monkeypatch.setenv("ENCODERKIT_NATIVE_FLAGS", "-mno-avx512f")
+    problem = common.imitation_problem()
+    assert (problem is not None) == avx_vnni
+    if avx_vnni:
+        assert "add -mno-avxvnni" in problem
+    monkeypatch.setenv("ENCODERKIT_NATIVE_FLAGS", "-mno-avx512f -mno-avxvnni")
+    assert common.imitation_problem() is None
+    monkeypatch.setenv("ENCODERKIT_NATIVE_FLAGS", "-O2")
+    assert common.imitation_problem() is None
+
+
 def test_portable_names_paths_as_on_any_checkout(monkeypatch, tmp_path):
     common = bench_module("common")
     cache, shared = tmp_path / "elsewhere" / "cache", tmp_path / "data-copy"
