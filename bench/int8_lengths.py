@@ -11,9 +11,9 @@ AVX2 and AVX512BW) against PyTorch's int8 kernels, all-MiniLM-L6-v2 in int8 (``E
 
 The goal: this tier's limit (``INT8_MAX_LENGTHS``) is within 2% of the fastest limit measured. Written as
 bench/results/int8_lengths_<tier>.json (``vnni`` or ``pair_sums``). On a CPU with VNNI the pair-sum tier can be
-imitated with ``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni' ONEDNN_MAX_CPU_ISA=AVX2``: the kernel is then built for 256-bit
-vectors without VNNI, but PyTorch's int8 kernels (FBGEMM) still use the CPU's widest instructions, which favours
-PyTorch; the result says so.
+imitated with ``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni' ONEDNN_MAX_CPU_ISA=AVX2``: the kernel is then
+built for 256-bit vectors without VNNI, but PyTorch's int8 kernels (FBGEMM) still use the CPU's widest instructions,
+which favours PyTorch; the result says so.
 
     flock -x /tmp/bench.lock python bench/int8_lengths.py [--rounds 5]
 """

@@ -37,8 +37,8 @@ eight times MiniLM's size takes eight times as long a turn).
 An AVX2 CPU can be imitated on a bigger one: ``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni'
 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE_CPU_ISA=AVX2`` limit
 encoderkit, sentence-transformers and CTranslate2 (a run with ``-mno-avx512f`` alone on a CPU with AVX-VNNI is
-refused: its kernel would sum int8 with VNNI), while ONNX Runtime, fastembed and OpenVINO pick their instructions from the CPU itself (favouring
-them). Such a run is written as peers_avx2_imitated.json, beside the real tiers' runs, with no profile. encoderkit's
+refused: its kernel would sum int8 with VNNI), while ONNX Runtime, fastembed and OpenVINO pick their instructions
+from the CPU itself (favouring them). Such a run is written as peers_avx2_imitated.json, beside the real tiers' runs, with no profile. encoderkit's
 int8 follows its probe of oneDNN (7-bit codes under these variables), but the int8 peers use the CPU's VNNI, and
 encoderkit's bf16 and "auto" read the CPU's bf16 flags: only the fp32 rows compare like with like, so skip the
 others (``--skip``). OpenVINO's int8 (NNCF) graph does not compile under ``ONEDNN_MAX_CPU_ISA=AVX2`` (no primitive
