@@ -108,9 +108,10 @@ def render(r: dict[str, Any]) -> list[str]:
     tier = {"vnni": "exact 8-bit sums (VNNI)", "pair_sums": "pairs of products summed in 16 bits"}[r["tier"]]
     lines = [f"### Which int8 batches the native kernel takes, {tier} (`bench/int8_lengths.py`)", "",
              f"all-MiniLM-L6-v2 in int8, 2 threads, {r['rounds']} rounds in turns, medians. The kernel: "
-             f"{r['native']}." + (" **Imitated tier**: the kernel built for 256-bit vectors without VNNI "
-                                  "(`ENCODERKIT_NATIVE_FLAGS=-mno-avx512f`), while PyTorch's int8 kernels still "
-                                  "use the CPU's widest instructions, which favours PyTorch." if r["imitated"] else ""),
+             f"{r['native']}." + (" **Imitated tier**: the kernel built for 256-bit vectors without VNNI, and "
+                                  "PyTorch's int8 products held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`: 7-bit weight "
+                                  "codes, as on an AVX2 CPU; with 8-bit codes the kernel would not take these "
+                                  "batches); the rest, caches and clocks, is the bigger CPU's." if r["imitated"] else ""),
              "", "Batches of 2,048 tokens, every sequence of one length:", ""]
     lines += _table(["sequence length", "sequences", "kernel ms", "PyTorch int8 ms", "PyTorch / kernel"],
                     [[str(x["length"]), str(x["sequences"]), f"{x['kernel_ms']:.1f}", f"{x['pytorch_ms']:.1f}",

@@ -83,8 +83,10 @@ MAX_TOKENS = 64
 # int8_max_length() tokens, where the kernel beat PyTorch's int8 kernels. That length depends on the kernel's int8
 # products (INT8_MAX_LENGTHS, by the largest weight code they sum exactly): with VNNI's exact 8-bit sums the kernel was
 # the faster one up to the longest sequences an embedding model usually takes; where it adds pairs of products in 16
-# bits (AVX2, AVX512BW) only up to short ones (bench/int8_lengths.py, BENCHMARKS.md). The cap is the engine's default
-# budget for embedding (precision.TOKEN_BUDGETS); it bounds the scratch each calling thread keeps.
+# bits (AVX2, AVX512BW) only up to short ones on the first CPU that imitated that tier (a Zen 4 class EPYC), but up to
+# 256 tokens on a second (Zen 5): the short limit stays until a real AVX2 CPU decides (bench/int8_lengths.py,
+# BENCHMARKS.md). The cap is the engine's default budget for embedding (precision.TOKEN_BUDGETS); it bounds the
+# scratch each calling thread keeps.
 BATCH_MAX_TOKENS = 2048
 # fp32: batches of up to this many tokens, by the build's vector lanes (8: 256-bit, 16: 512-bit), whose sequences have
 # at most attention_max_length() tokens. On 256-bit builds (AVX2) the kernel's products, in chunks of rows that stay
