@@ -178,6 +178,48 @@ def test_native_follows_changed_weights(tmp_path):
     assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), "after the change")
 
 
+REPLACED_BY = ["load_state_dict(assign=True)", "setattr"]
+
+
+def _replace_weights(model, how: str, row: int) -> None:
+    """Layer 1's ffn_in weight times 1.5 and word ``row`` plus 0.25, as new Parameter objects rather than changes
+    in place: by ``load_state_dict(assign=True)`` or by setting the module's attribute."""
+    layer, word = model.layers[1], model.embeddings.word
+    weight = layer.ffn_in.weight.detach() * 1.5
+    table = word.weight.detach().clone()
+    table[row] += 0.25
+    if how == "load_state_dict(assign=True)":
+        layer.ffn_in.load_state_dict({"weight": weight, "bias": layer.ffn_in.bias.detach().clone()}, assign=True)
+        word.load_state_dict({"weight": table}, assign=True)
+    else:
+        layer.ffn_in.weight = torch.nn.Parameter(weight)
+        word.weight = torch.nn.Parameter(table)
+
+
+@pytest.mark.parametrize("how", REPLACED_BY)
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "pytorch layers"])
+def test_weights_replaced_after_the_first_call_are_used(how, kernel, tmp_path):
+    """Parameters replaced by new ones after the first call (whose version counters start again, so the check of
+    changes in place does not see them) keep no stale packed copy, on the kernel and on the PyTorch layers: the
+    states equal transformers' with the same change."""
+    config, reference, model = reference_and_ours("bert", tmp_path)
+    engine = engine_for(model, "fp32")
+    if not kernel:
+        native.disable(model)
+    ids, types = sequences(config, [12, 30, 30])  # one sequence, then 72 tokens: past MAX_TOKENS
+    engine_states(engine, ids, types)
+    engine_states(engine, ids[:1], types[:1])
+    _replace_weights(model, how, ids[0][0])
+    with torch.no_grad():
+        reference.encoder.layer[1].intermediate.dense.weight.mul_(1.5)
+        reference.embeddings.word_embeddings.weight[ids[0][0]].add_(0.25)
+    expected = expected_states(reference, config, ids, types)
+    assert_states(expected[:1], engine_states(engine, ids[:1], types[:1]), f"{how}: one sequence")
+    assert_states(expected, engine_states(engine, ids, types), f"{how}: a batch")
+    assert (native.kernel_of(model) is not None) == kernel
+
+
+
 def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
     """More tokens than MAX_TOKENS in a sequence longer than the attention's limit, and a bad id: the PyTorch
     layers, with their results and errors."""
@@ -578,6 +620,33 @@ def test_native_int8_keeps_fp32_layers_and_follows_changes(tmp_path, kernel_code
         for m in (model, torch_model):
             m.layers[1].ffn_in.weight.mul_(-1.5)
     compare("after the change")
+
+
+@needs_int8
+@pytest.mark.parametrize("how", REPLACED_BY)
+def test_native_int8_follows_replaced_weights(how, tmp_path, kernel_codes):
+    """int8 weights replaced rather than changed in place (``_replace_weights``) are quantised and packed again, on
+    the kernel and on PyTorch's int8 layers: the states equal those of the same change made in place."""
+    from encoderkit.engine import Engine
+    from encoderkit.precision import Precision
+
+    config, _, model = reference_and_ours("bert", tmp_path)
+    ids, types = sequences(config, [12, 5])
+    models = {"kernel": model, "pytorch": load_model(tmp_path), "in place": load_model(tmp_path)}
+    engines = {name: Engine(m, Precision.quantized("task", smoothing=False)) for name, m in models.items()}
+    native.disable(models["pytorch"])
+    for engine in engines.values():
+        engine_states(engine, ids, types)
+    for name in ("kernel", "pytorch"):
+        _replace_weights(models[name], how, ids[0][0])
+    with torch.no_grad():
+        models["in place"].layers[1].ffn_in.weight.mul_(1.5)
+        models["in place"].embeddings.word.weight[ids[0][0]].add_(0.25)
+    want = engine_states(engines["in place"], ids, types)
+    for name in ("kernel", "pytorch"):
+        for a, b in zip(engine_states(engines[name], ids, types), want):
+            assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), f"{how}, {name}"
+    assert native.kernel_of(models["kernel"]) is not None and native.kernel_of(models["pytorch"]) is None
 
 
 @pytest.mark.parametrize("kernel", ["no int8 product", "16-bit pair sums, 8-bit codes"])

@@ -14,8 +14,12 @@ made at the first batch that takes it; a new ``for_inference`` makes a new plan,
 With ``int8=True`` the same layers multiply in int8 instead (``Int8Prepacked``: per-channel int8 weights,
 activations quantised per call), for inference only: a product that wants a gradient still runs in fp32.
 
-A packed copy remembers the version counters of the tensors it was made from and is rebuilt when they
-change, so a model that trains after ``for_inference`` never computes with stale weights.
+A packed copy remembers the version counters of the tensors it was made from, and which tensors its modules held,
+and is rebuilt when either changes: so a model that trains after ``for_inference``, or loads other weights (in place,
+or as new parameters with ``load_state_dict(assign=True)``), never computes with stale weights. Not seen: a tensor
+given new data by ``.data = ...`` (as ``Module.to`` and ``half`` do), which keeps its version counter: seeing it
+would take every tensor's data pointer at every call, a second walk over the parameters for each served text. After
+such a change, call ``for_inference`` again.
 """
 from __future__ import annotations
 
@@ -70,17 +74,54 @@ def mkl_for_small_products() -> bool:
     return True
 
 
-class Prepacked:
-    """Weights (concatenated along the output dimension) pre-packed for inference in ``dtype``."""
+# Parameters registered on any module of this process since encoderkit was imported, counted by torch's global
+# registration hook. A packed copy made from a module's parameters looks whether they are still the module's only when
+# the count moved: replacing one (``load_state_dict(assign=True)``, ``module.weight = nn.Parameter(...)``) registers
+# the new one, and walking a model's modules at every call would cost more than the call's Python.
+_REGISTERED = [0]
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype) -> None:
+
+def _count_registration(module: nn.Module, name: str, parameter: nn.Parameter | None) -> None:
+    _REGISTERED[0] += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_count_registration)
+
+
+def parameters_registered() -> int:
+    """How many parameters modules have registered since encoderkit was imported (see ``_REGISTERED``)."""
+    return _REGISTERED[0]
+
+
+def replaced(held: list[torch.Tensor], current: list[torch.Tensor]) -> bool:
+    """Whether ``current`` (a module's parameters now) are other tensors than ``held``, by identity."""
+    return len(held) != len(current) or any(a is not b for a, b in zip(held, current))
+
+
+class Prepacked:
+    """Weights (concatenated along the output dimension) pre-packed for inference in ``dtype``, made again when a
+    weight or bias changes in place or is replaced on its module (``modules``, where given)."""
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype,
+                 modules: Sequence[nn.Module] = ()) -> None:
+        self.weights, self.biases, self.dtype, self.modules = weights, biases, dtype, list(modules)
         self.sources = weights + [b for b in biases if b is not None]
-        self.weights, self.biases, self.dtype = weights, biases, dtype
+        self.registered = parameters_registered()
         self.versions: tuple[int, ...] | None = None
         self.weight = self.bias = self.packed = None
         self.small_packed = None  # MKL's pack for products of few rows, made at the first one (never for batch jobs)
 
+    def _follow_modules(self) -> None:
+        """The modules' parameters now, where one may have been replaced since they were read (``_REGISTERED``)."""
+        self.registered = parameters_registered()
+        weights, biases = [m.weight for m in self.modules], [m.bias for m in self.modules]
+        sources = weights + [b for b in biases if b is not None]
+        if replaced(self.sources, sources):
+            self.weights, self.biases, self.sources, self.versions = weights, biases, sources, None
+
     def _refresh(self) -> None:
+        if self.modules and self.registered != parameters_registered():
+            self._follow_modules()
         versions = tuple(t._version for t in self.sources)
         if versions == self.versions:
             return
@@ -238,8 +279,9 @@ class Int8Prepacked(Prepacked):
     ``errors``: when a list, each call also computes the fp32 product and appends the relative error of the int8
     one (the calibration of ``encoderkit.quantization``)."""
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], name: str) -> None:
-        super().__init__(weights, biases, torch.float32)
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], name: str,
+                 modules: Sequence[nn.Module] = ()) -> None:
+        super().__init__(weights, biases, torch.float32, modules)
         self.name = name
         self.errors: list[float] | None = None
         self.observing = False  # calibration: exact products, recording the input rows
@@ -441,7 +483,9 @@ def plus_product(plan: InferencePlan | None, residual: torch.Tensor, linear: nn.
 def _product(linears: Sequence[nn.Module], dtype: torch.dtype, int8_name: str | None) -> Prepacked:
     """One pre-packed product of ``linears`` side by side (query, key and value as one), int8 where named."""
     weights, biases = [m.weight for m in linears], [m.bias for m in linears]
-    return Prepacked(weights, biases, dtype) if int8_name is None else Int8Prepacked(weights, biases, int8_name)
+    if int8_name is None:
+        return Prepacked(weights, biases, dtype, linears)
+    return Int8Prepacked(weights, biases, int8_name, linears)
 
 
 def for_inference(model: nn.Module, dtype: torch.dtype = torch.float32, *, int8: bool = False,

@@ -69,6 +69,7 @@ import time
 import torch
 from torch import nn
 
+from ..modeling.inference import parameters_registered, replaced
 from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
 from .loader import Embedding as _Embedding, Layer as _Layer, Linear as _Linear, library, status
 from .team import TeamSize
@@ -223,6 +224,7 @@ class NativeEncoder:
         self.encoder, self.lib = encoder, lib
         self.width = lib.ek_vector_width()
         self.versions: int | None = None  # the sum of the sources' version counters when the layout was made
+        self.registered = 0  # ``parameters_registered()`` when the sources were last seen to be the encoder's
         self.lock = threading.Lock()
         self.ran = False  # whether a batch has taken the kernel (``kernel_of``)
         self.team = TeamSize()  # the threads of each call (``native.team``)
@@ -262,12 +264,20 @@ class NativeEncoder:
             return _fp32_linear(self.lib, weight, bias)
         return _int8_linear(self.lib, int8.quantized, int8.scales, int8.bias, int8.inverse_smoothing)
 
+    def _parameters(self) -> list[torch.Tensor]:
+        return list(self.encoder.layers.parameters()) + list(self.encoder.embeddings.parameters())
+
     def _stale(self) -> bool:
-        """Whether a parameter changed, or an int8 product has new codes (re-quantised, or smoothed: then its
-        ``versions`` are None until it re-quantises)."""
+        """Whether a parameter changed in place or was replaced on its module (``parameters_registered``), or an
+        int8 product has new codes (re-quantised, or smoothed: then its ``versions`` are None until it
+        re-quantises)."""
         # version counters only grow, so their sum changes whenever one does (half the time of a tuple of them)
         if self.versions is None or self.versions != sum(map(_VERSION, self.sources)):
             return True
+        if self.registered != parameters_registered():  # a parameter replaced somewhere: were any of these?
+            if replaced(self.sources, self._parameters()):
+                return True
+            self.registered = parameters_registered()
         return any(p.versions is None or p.quantized is not c for p, c in zip(self.int8.values(), self.codes))
 
     def _refresh(self) -> None:
@@ -281,7 +291,8 @@ class NativeEncoder:
 
     def _rebuild(self) -> None:
         encoder = self.encoder
-        self.sources = list(encoder.layers.parameters()) + list(encoder.embeddings.parameters())
+        self.registered = parameters_registered()
+        self.sources = self._parameters()
         versions = sum(map(_VERSION, self.sources))
         for product in self.int8.values():
             product._refresh()
