@@ -12,8 +12,8 @@ AVX2 and AVX512BW) against PyTorch's int8 kernels, all-MiniLM-L6-v2 in int8 (``E
 The goal: this tier's limit (``INT8_MAX_LENGTHS``) is within 2% of the fastest limit measured. Written as
 bench/results/int8_lengths_<tier>.json (``vnni`` or ``pair_sums``). On a CPU with VNNI the pair-sum tier can be
 imitated with ``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni' ONEDNN_MAX_CPU_ISA=AVX2``: the kernel is then
-built for 256-bit vectors without VNNI, but PyTorch's int8 kernels (FBGEMM) still use the CPU's widest instructions,
-which favours PyTorch; the result says so.
+built for 256-bit vectors without VNNI, and PyTorch's int8 products run oneDNN's AVX2 kernels with 7-bit weight codes,
+as on an AVX2 CPU; caches and clocks stay the bigger CPU's, and the result says it was imitated.
 
     flock -x /tmp/bench.lock python bench/int8_lengths.py [--rounds 5]
 """
@@ -37,8 +37,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=smoke_size(5, 1))
     args = parser.parse_args()
-    if imitation_problem():
-        raise SystemExit(f"bench/int8_lengths.py: {imitation_problem()}")
+    problem = imitation_problem()
+    if problem:
+        raise SystemExit(f"bench/int8_lengths.py: {problem}")
     import torch
 
     from encoderkit import Embedder, default_model_path, native
@@ -102,16 +103,18 @@ def main() -> None:
         benchmark="int8_lengths")
 
 
+IMITATED = (" **Imitated tier**: the kernel built for 256-bit vectors without VNNI, and PyTorch's int8 products held "
+            "to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`: 7-bit weight codes, as on an AVX2 CPU; with 8-bit codes the kernel "
+            "would not take these batches); the rest, caches and clocks, is the bigger CPU's.")
+
+
 def render(r: dict[str, Any]) -> list[str]:
     from report import _table
 
     tier = {"vnni": "exact 8-bit sums (VNNI)", "pair_sums": "pairs of products summed in 16 bits"}[r["tier"]]
     lines = [f"### Which int8 batches the native kernel takes, {tier} (`bench/int8_lengths.py`)", "",
              f"all-MiniLM-L6-v2 in int8, 2 threads, {r['rounds']} rounds in turns, medians. The kernel: "
-             f"{r['native']}." + (" **Imitated tier**: the kernel built for 256-bit vectors without VNNI, and "
-                                  "PyTorch's int8 products held to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`: 7-bit weight "
-                                  "codes, as on an AVX2 CPU; with 8-bit codes the kernel would not take these "
-                                  "batches); the rest, caches and clocks, is the bigger CPU's." if r["imitated"] else ""),
+             f"{r['native']}." + (IMITATED if r["imitated"] else ""),
              "", "Batches of 2,048 tokens, every sequence of one length:", ""]
     lines += _table(["sequence length", "sequences", "kernel ms", "PyTorch int8 ms", "PyTorch / kernel"],
                     [[str(x["length"]), str(x["sequences"]), f"{x['kernel_ms']:.1f}", f"{x['pytorch_ms']:.1f}",

@@ -35,14 +35,14 @@ no MPNet converter) is listed as not available with the reason. ``--texts N`` ti
 eight times MiniLM's size takes eight times as long a turn).
 
 An AVX2 CPU can be imitated on a bigger one: ``ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni'
-ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE_CPU_ISA=AVX2`` limit
-encoderkit, sentence-transformers and CTranslate2 (a run with ``-mno-avx512f`` alone on a CPU with AVX-VNNI is
-refused: its kernel would sum int8 with VNNI), while ONNX Runtime, fastembed and OpenVINO pick their instructions
-from the CPU itself (favouring them). Such a run is written as peers_avx2_imitated.json, beside the real tiers' runs, with no profile. encoderkit's
-int8 follows its probe of oneDNN (7-bit codes under these variables), but the int8 peers use the CPU's VNNI, and
-encoderkit's bf16 and "auto" read the CPU's bf16 flags: only the fp32 rows compare like with like, so skip the
-others (``--skip``). OpenVINO's int8 (NNCF) graph does not compile under ``ONEDNN_MAX_CPU_ISA=AVX2`` (no primitive
-for its Softmax).
+ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE_CPU_ISA=AVX2`` limit encoderkit,
+sentence-transformers and CTranslate2 (a run with ``-mno-avx512f`` alone on a CPU with AVX-VNNI is refused: its kernel
+would sum int8 with VNNI), while ONNX Runtime, fastembed and OpenVINO pick their instructions from the CPU itself
+(favouring them). Such a run is written as peers_avx2_imitated.json, beside the real tiers' runs, with no profile.
+encoderkit's int8 follows its probe of oneDNN (7-bit codes under these variables), but the int8 peers use the CPU's
+VNNI, and encoderkit's bf16 and "auto" read the CPU's bf16 flags: only the fp32 rows compare like with like, so skip the
+others (``--skip``). OpenVINO's int8 (NNCF) graph does not compile under ``ONEDNN_MAX_CPU_ISA=AVX2`` (no primitive for
+its Softmax).
 
 Needs the `bench` extra (onnxruntime, onnx, openvino, nncf, ctranslate2) and fastembed (`make bench` installs
 them); writes bench/results/peers.json and bench/results/peers_profile.json / peers_profile.txt. Exports and
@@ -67,8 +67,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from common import (CACHE, RESULTS, SHARED, SMOKE, median, package_versions, require, rotated, smoke_size, timed,
-                    write_result)
+from common import (CACHE, RESULTS, SHARED, SMOKE, imitation_problem, median, package_versions, require, rotated,
+                    smoke_size, timed, write_result)
 
 THREADS = 2
 BATCH = 32
@@ -1103,10 +1103,9 @@ def main() -> None:
     model_dir = (args.model or default_model_path()).expanduser()
     if args.child:
         return child(args.child, args.child_out, args.calls, args.keep_vectors, args.limit, model_dir)
-    from common import imitation_problem
-
-    if imitation_problem():
-        raise SystemExit(f"bench/peers.py: {imitation_problem()}")
+    problem = imitation_problem()
+    if problem:
+        raise SystemExit(f"bench/peers.py: {problem}")
     use_model(model_dir)
     default = model_dir.resolve() == default_model_path().resolve()
     if SMOKE:  # bench/__main__.py's smoke run: a few texts, one round, the result in its folder

@@ -283,8 +283,9 @@ def main() -> None:
 
     from common import ROOT, SHARED, imitation_problem, median, require, source_revision, widened, write_result
 
-    if imitation_problem():
-        raise SystemExit(f"bench/refactor_speed.py: {imitation_problem()}")
+    problem = imitation_problem()
+    if problem:
+        raise SystemExit(f"bench/refactor_speed.py: {problem}")
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
     shared = Path(args.shared) if args.shared else SHARED
