@@ -455,7 +455,10 @@ struct Attention {
 // held in registers, as the linear layers' do: KR keys x QC vectors of queries for the scores, PR queries x DC
 // vectors of dimensions for the output, enough independent multiply-adds in flight to hide their latency and one
 // load serving several of them. A block past the last key or query repeats it (its results are not stored).
-// EK_ATT_* (compiler flags) set other block sizes, for measuring.
+// EK_ATT_* (compiler flags) set other block sizes, for measuring. The blocks' ``acc += a * b`` compile to fused
+// multiply-adds (GCC contracts them; the output's edge, where it did not, calls std::fma, and tests/native checks that
+// each output dimension is the same sum in a block or at the edge). Written with ``fused()`` they changed which
+// functions GCC inlined across the file (vexp into every caller), for no gain.
 #if VW == 16
 constexpr int ATT_DEFAULTS[4] = {6, 3, 8, 2};
 #else
@@ -488,7 +491,7 @@ static inline void scores_block(const float* const* rows, const float* qt, int c
     for (int c = 0; c < C; c++) qv[c] = loadu(q + c * VW);
     for (int r = 0; r < R; r++) {
       const float kr = rows[r][d];  // a scalar times a vector: a broadcast load (splat adds 0, a step more)
-      for (int c = 0; c < C; c++) acc[r][c] = fused(kr, qv[c], acc[r][c]);
+      for (int c = 0; c < C; c++) acc[r][c] += kr * qv[c];
     }
   }
   for (int r = 0; r < R; r++)  // a whole block's stores unrolled: the sums stay in registers
@@ -509,7 +512,7 @@ static inline void values_block(const float* PT, int columns, const float* inver
     for (int c = 0; c < C; c++) vv[c] = loadu(vj + c * VW);
     for (int r = 0; r < R; r++) {
       const float p = PT[(size_t)j * columns + r];
-      for (int c = 0; c < C; c++) acc[r][c] = fused(p, vv[c], acc[r][c]);
+      for (int c = 0; c < C; c++) acc[r][c] += p * vv[c];
     }
   }
   for (int r = 0; r < R; r++)
