@@ -219,7 +219,6 @@ def test_weights_replaced_after_the_first_call_are_used(how, kernel, tmp_path):
     assert (native.kernel_of(model) is not None) == kernel
 
 
-
 def test_pytorch_layers_where_the_kernel_does_not_apply(tmp_path):
     """More tokens than MAX_TOKENS in a sequence longer than the attention's limit, and a bad id: the PyTorch
     layers, with their results and errors."""
