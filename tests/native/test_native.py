@@ -178,12 +178,13 @@ def test_native_follows_changed_weights(tmp_path):
     assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), "after the change")
 
 
-REPLACED_BY = ["load_state_dict(assign=True)", "setattr"]
+REPLACED_BY = ["load_state_dict(assign=True)", "setattr", "Module._apply"]
 
 
 def _replace_weights(model, how: str, row: int) -> None:
-    """Layer 1's ffn_in weight times 1.5 and word ``row`` plus 0.25, as new Parameter objects rather than changes
-    in place: by ``load_state_dict(assign=True)`` or by setting the module's attribute."""
+    """Layer 1's ffn_in weight times 1.5 and word ``row`` plus 0.25, other than in place: as new Parameter objects
+    (``load_state_dict(assign=True)``, or setting the module's attribute), or as new data for the same ones through
+    ``Module._apply`` (what ``to`` and ``half`` run: ``.data =``, version counters unchanged)."""
     layer, word = model.layers[1], model.embeddings.word
     weight = layer.ffn_in.weight.detach() * 1.5
     table = word.weight.detach().clone()
@@ -191,17 +192,20 @@ def _replace_weights(model, how: str, row: int) -> None:
     if how == "load_state_dict(assign=True)":
         layer.ffn_in.load_state_dict({"weight": weight, "bias": layer.ffn_in.bias.detach().clone()}, assign=True)
         word.load_state_dict({"weight": table}, assign=True)
-    else:
+    elif how == "setattr":
         layer.ffn_in.weight = torch.nn.Parameter(weight)
         word.weight = torch.nn.Parameter(table)
+    else:
+        new = {id(layer.ffn_in.weight): weight, id(word.weight): table}
+        model._apply(lambda t: new.get(id(t), t))
 
 
 @pytest.mark.parametrize("how", REPLACED_BY)
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "pytorch layers"])
 def test_weights_replaced_after_the_first_call_are_used(how, kernel, tmp_path):
-    """Parameters replaced by new ones after the first call (whose version counters start again, so the check of
-    changes in place does not see them) keep no stale packed copy, on the kernel and on the PyTorch layers: the
-    states equal transformers' with the same change."""
+    """Parameters replaced after the first call, by new ones or with new data (``_replace_weights``: either way the
+    version counters that the check of changes in place reads do not move) keep no stale packed copy, on the kernel
+    and on the PyTorch layers: the states equal transformers' with the same change."""
     config, reference, model = reference_and_ours("bert", tmp_path)
     engine = engine_for(model, "fp32")
     if not kernel:

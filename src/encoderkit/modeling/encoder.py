@@ -232,6 +232,15 @@ class EncoderModel(nn.Module):
                                                           "local": config.local_rope_theta},
                                        factor=config.rope_factor if config.rope_type == "linear" else 1.0)
 
+    def _apply(self, fn, recurse: bool = True):
+        """``Module._apply`` (what ``to``, ``half``, ``float`` and ``cuda`` run), then the inference plan's packed
+        copies made again at their next call: those methods give parameters new data by ``.data =``, which keeps
+        their version counters, so the copies' own check would not see it."""
+        out = super()._apply(fn, recurse)
+        if self.inference_plan is not None:
+            self.inference_plan.forget_packs()
+        return out
+
     def layer_schedule(self) -> list[int]:
         """Which unique layer runs at each depth (identity without sharing; ALBERT repeats its groups)."""
         config = self.config

@@ -16,10 +16,10 @@ activations quantised per call), for inference only: a product that wants a grad
 
 A packed copy remembers the version counters of the tensors it was made from, and which tensors its modules held,
 and is rebuilt when either changes: so a model that trains after ``for_inference``, or loads other weights (in place,
-or as new parameters with ``load_state_dict(assign=True)``), never computes with stale weights. Not seen: a tensor
-given new data by ``.data = ...`` (as ``Module.to`` and ``half`` do), which keeps its version counter: seeing it
-would take every tensor's data pointer at every call, a second walk over the parameters for each served text. After
-such a change, call ``for_inference`` again.
+or as new parameters with ``load_state_dict(assign=True)``), or is moved or cast (``to``, ``half``: the encoder's
+``_apply`` drops the copies), never computes with stale weights. Not seen: a tensor given new data by the caller's
+own ``.data = ...``, which keeps its version counter: seeing it would take every tensor's data pointer at every
+call, a second walk over the parameters for each served text. After such a change, call ``for_inference`` again.
 """
 from __future__ import annotations
 
@@ -423,6 +423,16 @@ class InferencePlan:
 
     def add(self, linear: nn.Module, product: Prepacked) -> None:
         self._by_module[id(linear)] = (linear, product)
+
+    def forget_packs(self) -> None:
+        """Every packed copy (the products, the fused projections, the native layout) made again at its next call:
+        after ``Module.to`` and its kind (``EncoderModel._apply``), which change parameters' data but not their
+        version counters."""
+        for _, product in [*self._by_module.values(), *self._projections.values()]:
+            if isinstance(product, Prepacked):
+                product.versions = None
+        if self.native is not None:
+            self.native.versions = None
 
     def product_of(self, linear: nn.Module) -> Prepacked | None:
         """The pre-packed product of ``linear``, or None (a module the plan did not prepare)."""
