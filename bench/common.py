@@ -230,15 +230,20 @@ def provenance() -> dict[str, Any]:
     return made
 
 
-def imitation_problem() -> str | None:
+def imitation_problem(vnni_tier: bool = False) -> str | None:
     """Why this process does not imitate the AVX2-only tier it was asked to, or None. ``-mno-avx512f`` alone leaves
     a CPU's AVX-VNNI on (Zen 5, Intel since Alder Lake): the 256-bit build then sums int8 with vpdpbusd, an
-    AVX2-with-VNNI tier, not the AVX2-only one whose int8 adds pairs in 16 bits."""
+    AVX2-with-VNNI tier, not the AVX2-only one whose int8 adds pairs in 16 bits. ``vnni_tier``: a benchmark that
+    files that tier apart (int8_lengths.py) takes it when ``ONEDNN_MAX_CPU_ISA=AVX2_VNNI`` holds PyTorch's int8 to
+    the same instructions."""
     flags = os.environ.get("ENCODERKIT_NATIVE_FLAGS", "").split()
-    if "-mno-avx512f" in flags and "-mno-avxvnni" not in flags and machine()["cpu_flags"]["avx_vnni"]:
-        return ("ENCODERKIT_NATIVE_FLAGS has -mno-avx512f but this CPU has AVX-VNNI, which the 256-bit build would "
-                "use; add -mno-avxvnni (ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni') to imitate AVX2 only")
-    return None
+    if "-mno-avx512f" not in flags or "-mno-avxvnni" in flags or not machine()["cpu_flags"]["avx_vnni"]:
+        return None
+    if vnni_tier and os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX2_VNNI":
+        return None
+    return ("ENCODERKIT_NATIVE_FLAGS has -mno-avx512f but this CPU has AVX-VNNI, which the 256-bit build would use; "
+            "add -mno-avxvnni (ENCODERKIT_NATIVE_FLAGS='-mno-avx512f -mno-avxvnni') to imitate AVX2 only" +
+            (", or set ONEDNN_MAX_CPU_ISA=AVX2_VNNI to imitate AVX2 with AVX-VNNI" if vnni_tier else ""))
 
 
 def instruction_environment() -> dict[str, str]:
