@@ -246,6 +246,13 @@ def imitation_problem(vnni_tier: bool = False) -> str | None:
             (", or set ONEDNN_MAX_CPU_ISA=AVX2_VNNI to imitate AVX2 with AVX-VNNI" if vnni_tier else ""))
 
 
+def refuse_unfaithful_imitation(vnni_tier: bool = False) -> None:
+    """Ends the benchmark with ``imitation_problem``'s one line, where there is one, before it measures anything."""
+    problem = imitation_problem(vnni_tier)
+    if problem:
+        raise SystemExit(f"{_script_path()}: {problem}")
+
+
 def instruction_environment() -> dict[str, str]:
     """The INSTRUCTION_VARIABLES set in this process, with their values."""
     return {name: os.environ[name] for name in INSTRUCTION_VARIABLES if os.environ.get(name)}

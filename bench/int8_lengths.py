@@ -27,7 +27,7 @@ import statistics
 import time
 from typing import Any
 
-from common import SHARED, batch_of_length, imitation_problem, require, smoke_size, write_result
+from common import SHARED, batch_of_length, refuse_unfaithful_imitation, require, smoke_size, write_result
 
 LENGTHS = (32, 64, 128, 256)
 LIMITS = (64, 128, 256)
@@ -39,9 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=smoke_size(5, 1))
     args = parser.parse_args()
-    problem = imitation_problem(vnni_tier=True)
-    if problem:
-        raise SystemExit(f"bench/int8_lengths.py: {problem}")
+    refuse_unfaithful_imitation(vnni_tier=True)
     import torch
 
     from encoderkit import Embedder, default_model_path, native

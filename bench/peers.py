@@ -67,8 +67,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from common import (CACHE, RESULTS, SHARED, SMOKE, imitation_problem, median, package_versions, require, rotated,
-                    smoke_size, timed, write_result)
+from common import (CACHE, RESULTS, SHARED, SMOKE, median, package_versions, refuse_unfaithful_imitation, require,
+                    rotated, smoke_size, timed, write_result)
 
 THREADS = 2
 BATCH = 32
@@ -1103,9 +1103,7 @@ def main() -> None:
     model_dir = (args.model or default_model_path()).expanduser()
     if args.child:
         return child(args.child, args.child_out, args.calls, args.keep_vectors, args.limit, model_dir)
-    problem = imitation_problem()
-    if problem:
-        raise SystemExit(f"bench/peers.py: {problem}")
+    refuse_unfaithful_imitation()
     use_model(model_dir)
     default = model_dir.resolve() == default_model_path().resolve()
     if SMOKE:  # bench/__main__.py's smoke run: a few texts, one round, the result in its folder

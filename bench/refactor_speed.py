@@ -281,11 +281,10 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from common import ROOT, SHARED, imitation_problem, median, require, source_revision, widened, write_result
+    from common import (ROOT, SHARED, median, refuse_unfaithful_imitation, require, source_revision, widened,
+                        write_result)
 
-    problem = imitation_problem()
-    if problem:
-        raise SystemExit(f"bench/refactor_speed.py: {problem}")
+    refuse_unfaithful_imitation()
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
     shared = Path(args.shared) if args.shared else SHARED

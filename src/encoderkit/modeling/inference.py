@@ -104,20 +104,25 @@ class Prepacked:
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype,
                  modules: Sequence[nn.Module] = ()) -> None:
-        self.weights, self.biases, self.dtype, self.modules = weights, biases, dtype, list(modules)
-        self.sources = weights + [b for b in biases if b is not None]
+        self.dtype, self.modules = dtype, list(modules)
+        self._take(weights, biases)
         self.registered = parameters_registered()
         self.versions: tuple[int, ...] | None = None
         self.weight = self.bias = self.packed = None
         self.small_packed = None  # MKL's pack for products of few rows, made at the first one (never for batch jobs)
 
+    def _take(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> None:
+        """The tensors this product is packed from (``sources``: the weights and the biases there are)."""
+        self.weights, self.biases = weights, biases
+        self.sources = weights + [b for b in biases if b is not None]
+
     def _follow_modules(self) -> None:
         """The modules' parameters now, where one may have been replaced since they were read (``_REGISTERED``)."""
         self.registered = parameters_registered()
-        weights, biases = [m.weight for m in self.modules], [m.bias for m in self.modules]
-        sources = weights + [b for b in biases if b is not None]
-        if replaced(self.sources, sources):
-            self.weights, self.biases, self.sources, self.versions = weights, biases, sources, None
+        held = self.sources
+        self._take([m.weight for m in self.modules], [m.bias for m in self.modules])
+        if replaced(held, self.sources):
+            self.versions = None
 
     def _refresh(self) -> None:
         if self.modules and self.registered != parameters_registered():
