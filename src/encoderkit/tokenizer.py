@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -92,6 +93,10 @@ class Tokenizer:
         self.backend.no_truncation()
         self.backend.no_padding()
         self._configured: tuple | None = None  # the settings ``_configure`` last gave the backend
+        # The backend's truncation and padding are state shared by every caller: a call sets them and then encodes.
+        # Two threads with different settings (a server's endpoints, a caller's own threads) could otherwise encode
+        # under each other's settings, so each set-then-encode holds this lock.
+        self._lock = threading.Lock()
         self.kind = kind  # "wordpiece" | "bpe" | "unigram" | other model type name
         self.model_max_length = model_max_length
         self.lowercase = lowercase
@@ -283,6 +288,16 @@ class Tokenizer:
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int | None]:
         return [self.backend.token_to_id(t) for t in tokens]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (e.g. into a DataLoader's worker processes): the lock stays behind, each copy gets its own."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
@@ -330,11 +345,12 @@ class Tokenizer:
         _check_text(text, "text")
         if pair is not None:
             _check_text(pair, "pair")
-        self._configure(max_length, truncation, stride, padding, None)
-        try:
-            enc = self.backend.encode(text, pair, add_special_tokens=add_special_tokens)
-        except Exception as exc:
-            raise InputError(f"cannot tokenise this input: {exc}") from exc
+        with self._lock:
+            self._configure(max_length, truncation, stride, padding, None)
+            try:
+                enc = self.backend.encode(text, pair, add_special_tokens=add_special_tokens)
+            except Exception as exc:
+                raise InputError(f"cannot tokenise this input: {exc}") from exc
         return Encoded.from_backend(enc, with_overflow=return_overflowing)
 
     def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
@@ -346,8 +362,9 @@ class Tokenizer:
         if not inputs:
             raise InputError("encode_batch got no texts")
         # Tensors need one length, so padding=False still pads to the longest (unpadded ids: encode_ids).
-        self._configure(max_length, truncation, 0, padding or "longest", pad_to_multiple_of)
-        encs = self._run_batch(inputs, add_special_tokens)
+        with self._lock:
+            self._configure(max_length, truncation, 0, padding or "longest", pad_to_multiple_of)
+            encs = self._run_batch(inputs, add_special_tokens)
 
         def tensor(attr: str) -> torch.Tensor:
             return torch.from_numpy(np.asarray([getattr(e, attr) for e in encs], dtype=np.int64))
@@ -372,8 +389,9 @@ class Tokenizer:
         ``is_pretokenized``: each text is a list of words (e.g. a CoNLL sentence); word ids then index
         those words, and offsets are relative to each word."""
         inputs = _batch_inputs(texts, pairs, is_pretokenized)
-        self._configure(max_length, truncation, stride, False, None)
-        return self._run_batch(inputs, add_special_tokens, is_pretokenized, unpadded=True)
+        with self._lock:
+            self._configure(max_length, truncation, stride, False, None)
+            return self._run_batch(inputs, add_special_tokens, is_pretokenized, unpadded=True)
 
     def _run_batch(self, inputs: list[Any], add_special_tokens: bool, is_pretokenized: bool = False, *,
                    unpadded: bool = False) -> list[Any]:
@@ -403,10 +421,11 @@ class Tokenizer:
         """Write tokenizer.json, the vocabulary files and tokenizer_config.json (loadable by transformers)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.backend.no_truncation()
-        self.backend.no_padding()
-        self._configured = None
-        self.backend.save(str(directory / "tokenizer.json"))
+        with self._lock:
+            self.backend.no_truncation()
+            self.backend.no_padding()
+            self._configured = None
+            self.backend.save(str(directory / "tokenizer.json"))
         if self.kind in ("wordpiece", "bpe"):
             self.backend.model.save(str(directory))  # vocab.txt, or vocab.json + merges.txt
         specials = {f"{role}_token": token for role, token in self.special_tokens.items()}

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -170,6 +172,60 @@ def test_word_ids_and_offsets_point_into_the_text(minilm_dir) -> None:
         piece = text[start:end].lower()
         assert piece == token.removeprefix("##")
         assert piece in words[word_id].lower()
+
+
+class PausingBackend:
+    """The real backend, except that its first batch call waits (up to ``patience`` s) for another caller to clear
+    the truncation: the moment where two callers that do not take turns would cross."""
+
+    def __init__(self, real, patience: float) -> None:
+        self.real, self.patience = real, patience
+        self.inside, self.cleared = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def no_truncation(self):
+        self.cleared.set()
+        return self.real.no_truncation()
+
+    def encode_batch(self, *args, **kwargs):
+        if not self.inside.is_set():
+            self.inside.set()
+            self.cleared.wait(self.patience)
+        return self.real.encode_batch(*args, **kwargs)
+
+
+def test_threads_with_different_settings_each_get_their_own(minilm_dir) -> None:
+    """Truncation and padding are the backend's state: one thread's batch truncated at 16 tokens must not be encoded
+    under another thread's 'no truncation' set while it runs (a server's endpoints, a caller's own threads)."""
+    ours = Tokenizer.from_pretrained(minilm_dir)
+    ours.backend = PausingBackend(ours.backend, patience=1.0)
+    text = " ".join(["word"] * 100)
+    lengths: dict[str, list[int]] = {}
+
+    def truncating() -> None:
+        lengths["truncated"] = [len(e.ids) for e in ours.encode_raw([text, text], max_length=16)]
+
+    def whole() -> None:
+        ours.backend.inside.wait(5.0)
+        lengths["whole"] = [len(e.ids) for e in ours.encode_raw([text, text], truncation=False)]
+
+    threads = [threading.Thread(target=truncating), threading.Thread(target=whole)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10.0)
+    assert lengths == {"truncated": [16, 16], "whole": [102, 102]}
+
+
+def test_a_pickled_tokenizer_encodes_as_the_original(minilm_dir) -> None:
+    ours = Tokenizer.from_pretrained(minilm_dir)
+    copied = pickle.loads(pickle.dumps(ours))
+    texts = ["a first sentence", "and a second, longer one with more words"]
+    assert [e.ids for e in copied.encode_raw(texts, max_length=6)] == [e.ids for e in ours.encode_raw(texts,
+                                                                                                       max_length=6)]
+    assert copied._lock is not ours._lock
 
 
 # ----- DeBERTa-v3 (SentencePiece Unigram) and ModernBERT (byte-level BPE) tokenizer.json directories -----------
