@@ -85,6 +85,15 @@ class BatchEncoding:
         return self.input_ids.shape[0]
 
 
+class _Turns:
+    """How many calls are encoding under the backend's present settings, and how many wait (``_begin``)."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.running = 0
+        self.waiting = 0
+
+
 class Tokenizer:
     def __init__(self, backend: Any, *, kind: str, model_max_length: int = 512, lowercase: bool | None = None,
                  special_tokens: dict[str, str] | None = None, tokenizer_class: str | None = None,
@@ -93,10 +102,7 @@ class Tokenizer:
         self.backend.no_truncation()
         self.backend.no_padding()
         self._configured: tuple | None = None  # the settings ``_configure`` last gave the backend
-        # The backend's truncation and padding are state shared by every caller: a call sets them and then encodes.
-        # Two threads with different settings (a server's endpoints, a caller's own threads) could otherwise encode
-        # under each other's settings, so each set-then-encode holds this lock.
-        self._lock = threading.Lock()
+        self._turns = _Turns()  # who may use those settings now (``_begin``)
         self.kind = kind  # "wordpiece" | "bpe" | "unigram" | other model type name
         self.model_max_length = model_max_length
         self.lowercase = lowercase
@@ -289,14 +295,14 @@ class Tokenizer:
         return [self.backend.token_to_id(t) for t in tokens]
 
     def __getstate__(self) -> dict[str, Any]:
-        """Picklable (e.g. into a DataLoader's worker processes): the lock stays behind, each copy gets its own."""
+        """Picklable (e.g. into a DataLoader's worker processes): the turns stay behind, each copy gets its own."""
         state = dict(self.__dict__)
-        del state["_lock"]
+        del state["_turns"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._turns = _Turns()
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
@@ -338,6 +344,30 @@ class Tokenizer:
             self.backend.no_padding()
         self._configured = key
 
+    def _begin(self, max_length: int | None, truncation: str | bool | None, stride: int, padding: str | bool,
+               pad_to_multiple_of: int | None) -> None:
+        """The backend set to these truncation and padding settings for a call, until its ``_end``. They are the
+        backend's state, shared by every caller, so callers take turns: calls with the settings it has run together
+        (two lanes tokenising their batches), and a call with other settings waits until those have finished, then
+        sets its own. Otherwise a thread could encode under settings another had just set (a batch asked for at 16
+        tokens came back at 102)."""
+        key = (max_length, truncation, stride, padding, pad_to_multiple_of)
+        turns = self._turns
+        with turns.condition:
+            while turns.running and (key != self._configured or turns.waiting):
+                turns.waiting += 1
+                turns.condition.wait()
+                turns.waiting -= 1
+            self._configure(*key)
+            turns.running += 1
+
+    def _end(self) -> None:
+        turns = self._turns
+        with turns.condition:
+            turns.running -= 1
+            if not turns.running:
+                turns.condition.notify_all()
+
     def encode(self, text: str, pair: str | None = None, *, max_length: int | None = None,
                truncation: str | bool = "longest_first", padding: str | bool = False, stride: int = 0,
                add_special_tokens: bool = True, return_overflowing: bool = False) -> Encoded:
@@ -345,12 +375,13 @@ class Tokenizer:
         _check_text(text, "text")
         if pair is not None:
             _check_text(pair, "pair")
-        with self._lock:
-            self._configure(max_length, truncation, stride, padding, None)
-            try:
-                enc = self.backend.encode(text, pair, add_special_tokens=add_special_tokens)
-            except Exception as exc:
-                raise InputError(f"cannot tokenise this input: {exc}") from exc
+        self._begin(max_length, truncation, stride, padding, None)
+        try:
+            enc = self.backend.encode(text, pair, add_special_tokens=add_special_tokens)
+        except Exception as exc:
+            raise InputError(f"cannot tokenise this input: {exc}") from exc
+        finally:
+            self._end()
         return Encoded.from_backend(enc, with_overflow=return_overflowing)
 
     def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
@@ -362,9 +393,11 @@ class Tokenizer:
         if not inputs:
             raise InputError("encode_batch got no texts")
         # Tensors need one length, so padding=False still pads to the longest (unpadded ids: encode_ids).
-        with self._lock:
-            self._configure(max_length, truncation, 0, padding or "longest", pad_to_multiple_of)
+        self._begin(max_length, truncation, 0, padding or "longest", pad_to_multiple_of)
+        try:
             encs = self._run_batch(inputs, add_special_tokens)
+        finally:
+            self._end()
 
         def tensor(attr: str) -> torch.Tensor:
             return torch.from_numpy(np.asarray([getattr(e, attr) for e in encs], dtype=np.int64))
@@ -389,9 +422,11 @@ class Tokenizer:
         ``is_pretokenized``: each text is a list of words (e.g. a CoNLL sentence); word ids then index
         those words, and offsets are relative to each word."""
         inputs = _batch_inputs(texts, pairs, is_pretokenized)
-        with self._lock:
-            self._configure(max_length, truncation, stride, False, None)
+        self._begin(max_length, truncation, stride, False, None)
+        try:
             return self._run_batch(inputs, add_special_tokens, is_pretokenized, unpadded=True)
+        finally:
+            self._end()
 
     def _run_batch(self, inputs: list[Any], add_special_tokens: bool, is_pretokenized: bool = False, *,
                    unpadded: bool = False) -> list[Any]:
@@ -421,7 +456,11 @@ class Tokenizer:
         """Write tokenizer.json, the vocabulary files and tokenizer_config.json (loadable by transformers)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        with self._lock:
+        with self._turns.condition:  # no call may be encoding under the settings cleared here
+            while self._turns.running:
+                self._turns.waiting += 1
+                self._turns.condition.wait()
+                self._turns.waiting -= 1
             self.backend.no_truncation()
             self.backend.no_padding()
             self._configured = None
