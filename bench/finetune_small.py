@@ -21,7 +21,9 @@ instead of the rows a step touched), encoderkit-torch (all three CPU-only parts 
 torch's generator instead of the native Philox one: what the recipe computes on a GPU), encoderkit-carved (no
 validation file: the recipe carves 10% of the rows, as `encoderkit finetune` does when none is given); and
 encoderkit-mega8 changes one: length groups sorted within mega-batches of 8 batches instead of 50, so that a batch
-mixes more lengths.
+mixes more lengths. transformers-ek-order is the Trainer reading the rows in encoderkit's order for the seed, from
+encoderkit's initial classifier: beside encoderkit, only the dropout masks differ (each section then also gives
+encoderkit minus it, seed by seed).
 
 ``--device cuda`` runs both sides on a GPU (fp32, TF32 off): the check of which differences are CPU-only. ``--model``
 takes a directory whose weights may be fp16 (carried to a borrowed machine in half the bytes; widened to fp32
@@ -32,7 +34,8 @@ before either side reads them), ``--shared`` a copy of ../shared's data.
         [--extend] [--smoke]
 
 ``--extend`` runs only the seeds a budget's earlier section lacks (up to ``--seeds``), for the contenders it has, and
-adds them to it: the section keeps its first run's provenance and lists each extension's (commit, date, seeds).
+adds them to it: the section keeps its first run's provenance and lists each extension's (commit, date, seeds). A
+contender the section lacks, named with all of its own, runs at every seed and is added the same way.
 """
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ SEEDS = (42, 7, 1234, 2024, 99, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 
          25, 26)
 CONTENDERS = ("transformers", "encoderkit")
 VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-torch",
-            "encoderkit-carved", "encoderkit-mega8")
+            "encoderkit-carved", "encoderkit-mega8", "transformers-ek-order")
 GOAL_SEEDS = 5  # the goal is stated over the first 5 seeds
 GOALS = {"sst2": 0.25, "conll": 0.5}  # points below the Trainer's mean that still meet the goal
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -155,9 +158,13 @@ def run_one(task: str, contender: str, train: Path, valid: Path, seed: int, mode
         work = Path(tmp)
         setup, carved = setup_for(task, train, valid, work, seed, contender, model, device)
         started = time.perf_counter()
-        if contender == "transformers":
-            trainer, _, tokenizer = hf_trainer(task, setup, "random", work / "hf", model=model,
+        if contender.startswith("transformers"):
+            ours = contender == "transformers-ek-order"  # encoderkit's order and initial classifier
+            trainer, _, tokenizer = hf_trainer(task, setup, "sequential" if ours else "random", work / "hf",
+                                               order=setup.trainer._order(0) if ours else None, model=model,
                                                use_cpu=device == "cpu")
+            if ours:
+                trainer.model.classifier.load_state_dict(setup.model.classifier.out.state_dict())
             trainer.train()
             seconds = time.perf_counter() - started
             quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")
@@ -229,17 +236,21 @@ def main() -> None:
             runs: dict[str, list[dict[str, Any]]] = earlier_runs(before) if before else {c: [] for c in contenders}
             done = before["seeds"] if before else []
             new_seeds = list(seeds[len(done):])
-            for seed in new_seeds:
-                for contender in contenders:  # in turn, seed by seed
+            added = [c for c in contenders if c not in runs]  # new to an earlier section: they run at its seeds too
+            runs.update({c: [] for c in added})
+            for seed in done + new_seeds:
+                for contender in (added if seed in done else contenders):  # in turn, seed by seed
                     runs[contender].append({"seed": seed, **run_one(args.task, contender, train, valid, seed, model,
                                                                      args.device)})
                     print(f"{args.task} {budget:,} seed {seed}: {contender:26s} {runs[contender][-1]['metric']:.2f} "
                           f"({runs[contender][-1]['seconds']:.0f} s)", flush=True)
             section = summarise(args.task, budget, runs)
             if before:  # the first run's provenance, and this one's among the extensions
+                extension = {"provenance": common.provenance(), "seeds": new_seeds}
+                if added:
+                    extension["contenders"] = added
                 section.update(provenance=before["provenance"], seeds=done + new_seeds,
-                               extensions=before.get("extensions", []) + [{"provenance": common.provenance(),
-                                                                           "seeds": new_seeds}])
+                               extensions=before.get("extensions", []) + [extension])
             else:
                 section.update(provenance=common.provenance(), seeds=new_seeds)
             sections.append(section)
@@ -283,18 +294,21 @@ def earlier_runs(section: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 def extendable(sections: dict[int, dict[str, Any]], budgets: list[int], contenders: list[str],
                seeds: tuple[int, ...]) -> None:
     """Refuse an ``--extend`` that cannot add to every budget's section: a budget not measured before, contenders
-    other than its own, or seeds it does not lack."""
+    that leave out some of its own, or neither seeds it lacks nor a contender it lacks."""
     for budget in budgets:
         section = sections.get(budget)
         if section is None:
             raise SystemExit(f"--extend: no earlier section for {budget:,} rows; run it without --extend first")
         own = [row["contender"] for row in section["rows"]]
-        if sorted(own) != sorted(contenders):
+        if not set(own) <= set(contenders):
             raise SystemExit(f"--extend: the {budget:,}-row section has the contenders {','.join(own)}; pass "
-                             f"--contenders {','.join(own)}")
-        if list(seeds[:len(section["seeds"])]) != section["seeds"] or len(seeds) <= len(section["seeds"]):
+                             f"--contenders {','.join(own)} (and any to add)")
+        if list(seeds[:len(section["seeds"])]) != section["seeds"] or len(seeds) < len(section["seeds"]):
             raise SystemExit(f"--extend: the {budget:,}-row section has seeds {section['seeds']}; --seeds must "
-                             f"be more than {len(section['seeds'])}")
+                             f"be at least {len(section['seeds'])}")
+        if len(seeds) == len(section["seeds"]) and set(contenders) == set(own):
+            raise SystemExit(f"--extend: the {budget:,}-row section has these seeds and contenders already; pass "
+                             f"more --seeds or a contender to add")
 
 
 def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -312,6 +326,10 @@ def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> 
             f"  paired {row['paired_difference']['mean']:+.2f} [{row['paired_difference']['low']:+.2f}, "
             f"{row['paired_difference']['high']:+.2f}]" if "paired_difference" in row else ""))
     by_name = {r["contender"]: r for r in rows}
+    comparisons = []  # beside encoderkit, the Trainer in encoderkit's order differs only in its dropout masks
+    if "encoderkit" in by_name and "transformers-ek-order" in by_name:
+        comparisons.append({"contenders": ["encoderkit", "transformers-ek-order"],
+                            **paired(by_name["encoderkit"]["metrics"], by_name["transformers-ek-order"]["metrics"])})
     if "encoderkit" in by_name:  # the goal is over the first 5 seeds; more seeds give a tighter estimate beside it
         first = GOAL_SEEDS
         ours = statistics.fmean(by_name["encoderkit"]["metrics"][:first])
@@ -326,7 +344,7 @@ def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> 
             met = met and difference["mean"] >= -allowed
         goals.append({"goal": f"{task} at {budget:,}: encoderkit's mean at least the Trainer's minus {allowed} points",
                       "met": met, "measured": measured})
-    return {"budget": budget, "rows": rows, "goals": goals}
+    return {"budget": budget, "rows": rows, "goals": goals, "comparisons": comparisons}
 
 
 if __name__ == "__main__":

@@ -411,7 +411,13 @@ def render_finetune_small(r: dict[str, Any]) -> list[str]:
                       f"{', '.join(map(str, first_seeds))}._", ""]
         for extension in extensions:
             made = extension["provenance"]
-            lines += [f"_Seeds {', '.join(map(str, extension['seeds']))} were added later: {made['date']}, commit "
+            what = []
+            if extension["seeds"]:
+                what.append(f"Seeds {', '.join(map(str, extension['seeds']))} were added later")
+            if extension.get("contenders"):  # contenders new to the section, at every seed
+                added = extension["contenders"]
+                what.append(f"{', '.join(added)} {'was' if len(added) == 1 else 'were'} added later, at every seed")
+            lines += [f"_{'; '.join(what)}: {made['date']}, commit "
                       f"{str(made['commit'])[:10]}{' (dirty)' if made.get('dirty') is True else ''}, "
                       f"{_cpu_of(made)}._", ""]
         table = []
@@ -422,6 +428,8 @@ def render_finetune_small(r: dict[str, Any]) -> list[str]:
                           f"{difference['mean']:+.2f} [{difference['low']:+.2f}, {difference['high']:+.2f}]",
                           f"{row['seconds']:.0f}"])
         lines += _table(["contender", "per seed", "mean", "paired difference [95%]", "train s"], table) + [""]
+        lines += [f"- {c['contenders'][0]} minus {c['contenders'][1]}, seed by seed: {c['mean']:+.2f} "
+                  f"[{c['low']:+.2f}, {c['high']:+.2f}]" for c in section.get("comparisons", [])]
         lines += [f"- {goal['goal']}: {goal['measured']}: **{'met' if goal['met'] else 'not met'}**"
                   for goal in section["goals"]] + [""]
     return lines

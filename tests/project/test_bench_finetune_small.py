@@ -49,9 +49,27 @@ def test_an_extension_that_cannot_add_is_refused(small) -> None:
                "rows": [{"contender": "transformers"}, {"contender": "encoderkit"}]}
     sections = {4000: section}
     small.extendable(sections, [4000], ["transformers", "encoderkit"], small.SEEDS[:15])
+    # a contender the section lacks, at its own seeds or more
+    small.extendable(sections, [4000], ["transformers", "encoderkit", "transformers-ek-order"], small.SEEDS[:5])
     with pytest.raises(SystemExit, match="no earlier section for 2,000 rows"):
         small.extendable(sections, [2000], ["transformers", "encoderkit"], small.SEEDS[:15])
     with pytest.raises(SystemExit, match="pass --contenders transformers,encoderkit"):
-        small.extendable(sections, [4000], ["transformers", "encoderkit", "encoderkit-torch"], small.SEEDS[:15])
-    with pytest.raises(SystemExit, match="must be more than 5"):
+        small.extendable(sections, [4000], ["transformers", "encoderkit-torch"], small.SEEDS[:15])
+    with pytest.raises(SystemExit, match="must be at least 5"):
+        small.extendable(sections, [4000], ["transformers", "encoderkit", "encoderkit-torch"], small.SEEDS[:4])
+    with pytest.raises(SystemExit, match="has these seeds and contenders already"):
         small.extendable(sections, [4000], ["transformers", "encoderkit"], small.SEEDS[:5])
+
+
+def test_the_trainer_in_encoderkits_order_is_compared_with_encoderkit_seed_by_seed(small) -> None:
+    seeds = small.SEEDS[:6]
+    metrics = {"transformers": [86.0, 85.5, 86.2, 86.1, 85.9, 86.4],
+               "encoderkit": [85.6, 85.9, 85.8, 86.3, 85.2, 86.0],
+               "transformers-ek-order": [85.9, 85.4, 86.3, 86.0, 85.6, 85.8]}
+    section = small.summarise("sst2", 4000, runs_of(seeds, metrics, {name: [1.0] * 6 for name in metrics}))
+    differences = [a - b for a, b in zip(metrics["encoderkit"], metrics["transformers-ek-order"])]
+    half = 2.571 * statistics.stdev(differences) / math.sqrt(6)  # Student's t, 5 degrees of freedom
+    (comparison,) = section["comparisons"]
+    assert comparison["contenders"] == ["encoderkit", "transformers-ek-order"]
+    assert comparison["mean"] == pytest.approx(statistics.fmean(differences))
+    assert comparison["high"] == pytest.approx(statistics.fmean(differences) + half)
