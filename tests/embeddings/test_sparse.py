@@ -106,6 +106,28 @@ def test_sparse_vectors_dot_and_terms(mlm_dir):
     assert [t for t, _ in terms] == ours.tokenizer.convert_ids_to_tokens(heaviest.tolist())
 
 
+@pytest.mark.parametrize("chunk_entries", [1 << 22, 37, 1])
+def test_sparse_dot_equals_the_dense_product(chunk_entries):
+    """Rows of 0 to 80 terms over BERT's 30,522, some sharing many terms: the product by terms, in chunks of any
+    size (one pair, 37, all at once), equals the float64 product of the dense rows."""
+    rng = np.random.default_rng(5)
+
+    def vectors(count: int) -> SparseVectors:
+        rows = []
+        for r in range(count):
+            pool = 200 if r % 3 else 30522  # a third of the rows drawn from all terms, the others from 200
+            ids = rng.choice(pool, size=int(rng.integers(0, 80)), replace=False)
+            rows.append((ids, rng.random(len(ids)).astype(np.float32) + 0.05))
+        return SparseVectors.from_rows(rows, 30522)
+
+    queries, documents = vectors(23), vectors(150)
+    expected = queries.to_dense().astype(np.float64) @ documents.to_dense().astype(np.float64).T
+    np.testing.assert_allclose(queries.dot(documents, chunk_entries=chunk_entries), expected, rtol=1e-12, atol=0)
+    empty = SparseVectors.from_rows([(np.zeros(0), np.zeros(0))] * 2, 30522)
+    assert (empty.dot(documents) == 0).all() and empty.dot(documents).shape == (2, 150)
+    assert (queries.dot(empty) == 0).all() and queries.dot(empty).shape == (23, 2)
+
+
 def test_calibration_starts_the_vectors_at_the_asked_active_terms(mlm_dir):
     """``calibrate_active_terms`` against transformers' BertForMaskedLM: the shift is the midpoint between the
     (k x texts)-th and the next largest of the texts' per-term maximum logits (found here by sorting them), the

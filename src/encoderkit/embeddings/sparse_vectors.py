@@ -122,19 +122,39 @@ class SparseVectors:
         return torch.sparse_coo_tensor(index, torch.from_numpy(self.values.copy()), check_invariants=False,
                                        size=(len(self), self.dimension)).coalesce()
 
-    def dot(self, other: "SparseVectors") -> np.ndarray:
-        """(len(self), len(other)) dot products: each row of ``self`` spread into a dense float64 vector, read at
-        ``other``'s entries, summed per row of ``other``."""
+    def dot(self, other: "SparseVectors", chunk_entries: int = 1 << 22) -> np.ndarray:
+        """(len(self), len(other)) dot products, summed in float64. ``other`` is read column by column (its entries
+        sorted by term once), so the work is the pairs of entries that share a term, as an inverted index does:
+        rows of ``self`` go in chunks of about ``chunk_entries`` such pairs, each chunk one ``bincount``."""
         if other.dimension != self.dimension:
             raise InputError(f"sparse vectors of dimension {self.dimension} and {other.dimension} do not compare")
         out = np.zeros((len(self), len(other)), dtype=np.float64)
-        row_of = np.repeat(np.arange(len(other)), np.diff(other.indptr))
-        dense = np.zeros(self.dimension, dtype=np.float64)
-        for i in range(len(self)):
-            columns, weights = self.row(i)
-            dense[columns] = weights
-            np.add.at(out[i], row_of, dense[other.indices] * other.values)
-            dense[columns] = 0
+        if not self.nnz or not other.nnz:
+            return out
+        by_term = np.argsort(other.indices, kind="stable")
+        term_start = np.searchsorted(other.indices[by_term], np.arange(self.dimension + 1))
+        other_rows = np.repeat(np.arange(len(other)), np.diff(other.indptr))[by_term]
+        other_values = other.values[by_term].astype(np.float64)
+        postings = term_start[self.indices + 1] - term_start[self.indices]  # pairs each entry of self makes
+        pairs_before_row = np.concatenate([[0], np.cumsum(postings)])[self.indptr]
+        row = 0
+        while row < len(self):
+            end = max(row + 1, int(np.searchsorted(pairs_before_row, pairs_before_row[row] + chunk_entries,
+                                                   side="right")) - 1)
+            end = min(end, len(self))
+            entries = slice(self.indptr[row], self.indptr[end])
+            counts = postings[entries]
+            total = int(counts.sum())
+            if total:
+                # the positions in other's by-term order of every pair: each entry's run of its term's postings
+                runs = np.repeat(term_start[self.indices[entries]] - np.cumsum(counts) + counts, counts)
+                position = runs + np.arange(total)
+                local_row = np.repeat(np.repeat(np.arange(end - row), np.diff(self.indptr[row:end + 1])), counts)
+                weight = np.repeat(self.values[entries].astype(np.float64), counts) * other_values[position]
+                flat = local_row * len(other) + other_rows[position]
+                out[row:end] = np.bincount(flat, weights=weight, minlength=(end - row) * len(other)).reshape(
+                    end - row, len(other))
+            row = end
         return out
 
     def terms(self, r: int, vocabulary: Sequence[str] | None = None, top: int | None = None
