@@ -22,7 +22,8 @@ from .tasks.loading import load_pipeline
 from .tasks.qa import Answer, QuestionAnswerer
 from .tasks.rerank import Reranker
 from .training.finetune import FinetuneResult, Recipe, evaluate_model, finetune
-from .tokenizer import BatchEncoding, Encoded, Tokenizer, train_tokenizer
+from .tokenizer import BatchEncoding, Encoded, Tokenizer
+from .tokenizer_training import train_tokenizer
 from .embeddings import compressed as _compressed_index_kinds  # noqa: F401 (registers ivfpq, int8, binary)
 
 __version__ = "0.1.0"

@@ -28,7 +28,7 @@ from .options import (
 def train_tokenizer_cmd(files: tuple[str, ...], out_dir: str, kind: str, vocab_size: int, min_frequency: int,
                         lowercase: bool, max_length: int) -> None:
     """Train a WordPiece or byte-level BPE tokenizer on text files."""
-    from ..tokenizer import train_tokenizer
+    from ..tokenizer_training import train_tokenizer
 
     tokenizer = train_tokenizer(list(files), kind=kind, vocab_size=vocab_size, min_frequency=min_frequency,
                                 lowercase=lowercase, model_max_length=max_length,
