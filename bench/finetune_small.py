@@ -164,7 +164,8 @@ def run_one(task: str, contender: str, train: Path, valid: Path, seed: int, mode
                                                order=setup.trainer._order(0) if ours else None, model=model,
                                                use_cpu=device == "cpu")
             if ours:
-                trainer.model.classifier.load_state_dict(setup.model.classifier.out.state_dict())
+                head = setup.model.classifier if task == "sst2" else setup.model.token_classifier
+                trainer.model.classifier.load_state_dict(head.out.state_dict())
             trainer.train()
             seconds = time.perf_counter() - started
             quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import bench_module
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +78,18 @@ def test_the_trainer_in_encoderkits_order_is_compared_with_encoderkit_seed_by_se
     assert comparison["contenders"] == ["encoderkit", "transformers-ek-order"]
     assert comparison["mean"] == pytest.approx(statistics.fmean(differences))
     assert comparison["high"] == pytest.approx(statistics.fmean(differences) + half)
+
+
+@pytest.mark.bench  # make test-bench: both sides train
+@pytest.mark.parametrize("task", ["sst2", "conll"])
+def test_the_trainer_in_encoderkits_order_runs_on_each_task(task) -> None:
+    """The variant's smoke run on each task's head (sequence and token classification name theirs differently)."""
+    registry = bench_module("registry")
+    lacking = registry.missing(registry.BY_NAME["finetune_small"], smoke=True)
+    if lacking:
+        pytest.skip(f"bench/finetune_small.py needs {'; '.join(lacking)}")
+    done = subprocess.run([sys.executable, "bench/finetune_small.py", "--smoke", "--task", task, "--contenders",
+                           "transformers,encoderkit,transformers-ek-order"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"{task} 64 seed 42: transformers-ek-order" in done.stdout
