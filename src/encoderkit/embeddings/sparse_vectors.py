@@ -125,7 +125,8 @@ class SparseVectors:
     def dot(self, other: "SparseVectors", chunk_entries: int = 1 << 22) -> np.ndarray:
         """(len(self), len(other)) dot products, summed in float64. ``other`` is read column by column (its entries
         sorted by term once), so the work is the pairs of entries that share a term, as an inverted index does:
-        rows of ``self`` go in chunks of about ``chunk_entries`` such pairs, each chunk one ``bincount``."""
+        rows of ``self`` go in chunks of about ``chunk_entries`` such pairs (and at most four times as many outputs),
+        each chunk one ``bincount``."""
         if other.dimension != self.dimension:
             raise InputError(f"sparse vectors of dimension {self.dimension} and {other.dimension} do not compare")
         out = np.zeros((len(self), len(other)), dtype=np.float64)
@@ -141,7 +142,8 @@ class SparseVectors:
         while row < len(self):
             end = max(row + 1, int(np.searchsorted(pairs_before_row, pairs_before_row[row] + chunk_entries,
                                                    side="right")) - 1)
-            end = min(end, len(self))
+            # the chunk's bincount spans its rows times len(other): no more than a few chunks of pairs either
+            end = min(end, len(self), row + max(1, 4 * chunk_entries // len(other)))
             entries = slice(self.indptr[row], self.indptr[end])
             counts = postings[entries]
             total = int(counts.sum())
