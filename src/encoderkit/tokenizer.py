@@ -13,7 +13,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -92,6 +92,20 @@ class _Turns:
         self.condition = threading.Condition()
         self.running = 0
         self.waiting = 0
+
+    def wait(self, joinable: Callable[[], bool] = lambda: False) -> None:
+        """With ``condition`` held: wait until no call is encoding, or until ``joinable()`` (the running calls'
+        settings are the caller's) while nobody waits before it."""
+        while self.running and not (joinable() and not self.waiting):
+            self.waiting += 1
+            self.condition.wait()
+            self.waiting -= 1
+
+    def leave(self) -> None:
+        with self.condition:
+            self.running -= 1
+            if not self.running:
+                self.condition.notify_all()
 
 
 class Tokenizer:
@@ -354,19 +368,12 @@ class Tokenizer:
         key = (max_length, truncation, stride, padding, pad_to_multiple_of)
         turns = self._turns
         with turns.condition:
-            while turns.running and (key != self._configured or turns.waiting):
-                turns.waiting += 1
-                turns.condition.wait()
-                turns.waiting -= 1
+            turns.wait(lambda: key == self._configured)
             self._configure(*key)
             turns.running += 1
 
     def _end(self) -> None:
-        turns = self._turns
-        with turns.condition:
-            turns.running -= 1
-            if not turns.running:
-                turns.condition.notify_all()
+        self._turns.leave()
 
     def encode(self, text: str, pair: str | None = None, *, max_length: int | None = None,
                truncation: str | bool = "longest_first", padding: str | bool = False, stride: int = 0,
@@ -457,10 +464,7 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         with self._turns.condition:  # no call may be encoding under the settings cleared here
-            while self._turns.running:
-                self._turns.waiting += 1
-                self._turns.condition.wait()
-                self._turns.waiting -= 1
+            self._turns.wait()
             self.backend.no_truncation()
             self.backend.no_padding()
             self._configured = None

@@ -174,16 +174,26 @@ def test_word_ids_and_offsets_point_into_the_text(minilm_dir) -> None:
         assert piece in words[word_id].lower()
 
 
-class PausingBackend:
-    """The real backend, except that its first batch call waits (up to ``patience`` s) for another caller to clear
-    the truncation: the moment where two callers that do not take turns would cross."""
+LONG_TEXT = " ".join(["word"] * 100)  # 102 tokens untruncated
+
+
+class ProxyBackend:
+    """The real backend, with the calls a test overrides; ``patience``: the longest a call waits for the others."""
 
     def __init__(self, real, patience: float) -> None:
         self.real, self.patience = real, patience
-        self.inside, self.cleared = threading.Event(), threading.Event()
 
     def __getattr__(self, name: str):
         return getattr(self.real, name)
+
+
+class PausingBackend(ProxyBackend):
+    """Its first batch call waits for another caller to clear the truncation: the moment where two callers that do
+    not take turns would cross."""
+
+    def __init__(self, real, patience: float) -> None:
+        super().__init__(real, patience)
+        self.inside, self.cleared = threading.Event(), threading.Event()
 
     def no_truncation(self):
         self.cleared.set()
@@ -196,39 +206,12 @@ class PausingBackend:
         return self.real.encode_batch(*args, **kwargs)
 
 
-def test_threads_with_different_settings_each_get_their_own(minilm_dir) -> None:
-    """Truncation and padding are the backend's state: one thread's batch truncated at 16 tokens must not be encoded
-    under another thread's 'no truncation' set while it runs (a server's endpoints, a caller's own threads)."""
-    ours = Tokenizer.from_pretrained(minilm_dir)
-    ours.backend = PausingBackend(ours.backend, patience=1.0)
-    text = " ".join(["word"] * 100)
-    lengths: dict[str, list[int]] = {}
-
-    def truncating() -> None:
-        lengths["truncated"] = [len(e.ids) for e in ours.encode_raw([text, text], max_length=16)]
-
-    def whole() -> None:
-        ours.backend.inside.wait(5.0)
-        lengths["whole"] = [len(e.ids) for e in ours.encode_raw([text, text], truncation=False)]
-
-    threads = [threading.Thread(target=truncating), threading.Thread(target=whole)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10.0)
-    assert lengths == {"truncated": [16, 16], "whole": [102, 102]}
-
-
-class MeetingBackend:
-    """The real backend, whose batch calls each wait (up to ``patience`` s) until two are inside at once; ``met``
-    says, call by call, whether they were."""
+class MeetingBackend(ProxyBackend):
+    """Its batch calls each wait until two are inside at once; ``met`` says, call by call, whether they were."""
 
     def __init__(self, real, patience: float) -> None:
-        self.real, self.patience = real, patience
+        super().__init__(real, patience)
         self.lock, self.inside, self.both, self.met = threading.Lock(), 0, threading.Event(), []
-
-    def __getattr__(self, name: str):
-        return getattr(self.real, name)
 
     def encode_batch(self, *args, **kwargs):
         with self.lock:
@@ -239,22 +222,43 @@ class MeetingBackend:
         return self.real.encode_batch(*args, **kwargs)
 
 
+def run_together(*targets) -> None:
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10.0)
+
+
+def test_threads_with_different_settings_each_get_their_own(minilm_dir) -> None:
+    """Truncation and padding are the backend's state: one thread's batch truncated at 16 tokens must not be encoded
+    under another thread's 'no truncation' set while it runs (a server's endpoints, a caller's own threads)."""
+    ours = Tokenizer.from_pretrained(minilm_dir)
+    ours.backend = PausingBackend(ours.backend, patience=1.0)
+    lengths: dict[str, list[int]] = {}
+
+    def truncating() -> None:
+        lengths["truncated"] = [len(e.ids) for e in ours.encode_raw([LONG_TEXT, LONG_TEXT], max_length=16)]
+
+    def whole() -> None:
+        ours.backend.inside.wait(5.0)
+        lengths["whole"] = [len(e.ids) for e in ours.encode_raw([LONG_TEXT, LONG_TEXT], truncation=False)]
+
+    run_together(truncating, whole)
+    assert lengths == {"truncated": [16, 16], "whole": [102, 102]}
+
+
 def test_threads_with_the_same_settings_encode_together(minilm_dir) -> None:
     """Two lanes tokenising their batches with the same settings do not wait for each other (taking turns there
     cost int8 throughput 5% with two lanes, bench/refactor_speed.py)."""
     ours = Tokenizer.from_pretrained(minilm_dir)
     ours.backend = MeetingBackend(ours.backend, patience=2.0)
-    text = " ".join(["word"] * 100)
     lengths: list[list[int]] = []
 
     def lane() -> None:
-        lengths.append([len(e.ids) for e in ours.encode_raw([text, text], max_length=16)])
+        lengths.append([len(e.ids) for e in ours.encode_raw([LONG_TEXT, LONG_TEXT], max_length=16)])
 
-    threads = [threading.Thread(target=lane) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10.0)
+    run_together(lane, lane)
     assert ours.backend.met == [True, True]
     assert lengths == [[16, 16], [16, 16]]
 

@@ -16,6 +16,11 @@ import torch
 from ..errors import InputError
 
 
+def _row_of_entries(indptr: np.ndarray) -> np.ndarray:
+    """The row of each entry of a CSR layout with these row pointers."""
+    return np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+
+
 @dataclass
 class SparseVectors:
     """``len(indptr) - 1`` rows of ``dimension`` columns: row r holds ``values[indptr[r]:indptr[r+1]]`` at columns
@@ -110,14 +115,14 @@ class SparseVectors:
 
     def to_dense(self) -> np.ndarray:
         out = np.zeros((len(self), self.dimension), dtype=np.float32)
-        rows = np.repeat(np.arange(len(self)), np.diff(self.indptr))
+        rows = _row_of_entries(self.indptr)
         out[rows, self.indices] = self.values
         return out
 
     def to_torch(self) -> torch.Tensor:
         """A (rows, dimension) torch sparse COO tensor, the type sentence-transformers' ``SparseEncoder.encode``
         returns."""
-        rows = np.repeat(np.arange(len(self)), np.diff(self.indptr))
+        rows = _row_of_entries(self.indptr)
         index = torch.from_numpy(np.stack([rows, self.indices.astype(np.int64)]))
         return torch.sparse_coo_tensor(index, torch.from_numpy(self.values.copy()), check_invariants=False,
                                        size=(len(self), self.dimension)).coalesce()
@@ -134,7 +139,7 @@ class SparseVectors:
             return out
         by_term = np.argsort(other.indices, kind="stable")
         term_start = np.searchsorted(other.indices[by_term], np.arange(self.dimension + 1))
-        other_rows = np.repeat(np.arange(len(other)), np.diff(other.indptr))[by_term]
+        other_rows = _row_of_entries(other.indptr)[by_term]
         other_values = other.values[by_term].astype(np.float64)
         postings = term_start[self.indices + 1] - term_start[self.indices]  # pairs each entry of self makes
         pairs_before_row = np.concatenate([[0], np.cumsum(postings)])[self.indptr]
@@ -151,7 +156,7 @@ class SparseVectors:
                 # the positions in other's by-term order of every pair: each entry's run of its term's postings
                 runs = np.repeat(term_start[self.indices[entries]] - np.cumsum(counts) + counts, counts)
                 position = runs + np.arange(total)
-                local_row = np.repeat(np.repeat(np.arange(end - row), np.diff(self.indptr[row:end + 1])), counts)
+                local_row = np.repeat(_row_of_entries(self.indptr[row:end + 1]), counts)
                 weight = np.repeat(self.values[entries].astype(np.float64), counts) * other_values[position]
                 flat = local_row * len(other) + other_rows[position]
                 out[row:end] = np.bincount(flat, weights=weight, minlength=(end - row) * len(other)).reshape(
