@@ -251,9 +251,9 @@ def render(r: dict[str, Any]) -> list[str]:
              "compiler); the row with the kernel off is the same engine on its PyTorch layers. The PyTorch floor is a "
              "hand-written loop over MKL's pre-packed weights, with none of encoderkit's modules, packing or checks: "
              "no PyTorch forward of this model takes fewer ops. The int8 rows: encoderkit with `dtype=\"int8\"` "
-             "(its native kernel's int8 products where the CPU has VNNI; "
-             + ("it ran here" if r.get("int8_native", True) else "not here, for want of VNNI") + "), and the same with the kernel off, against ONNX Runtime's "
-             "dynamic int8 graph.", ""]
+             "(its native kernel's int8 products, summed exactly by VNNI, or in 16-bit pairs of 7-bit weight codes "
+             "on AVX2; " + ("it ran here" if r.get("int8_native", True) else "not here") + "), and the same with the "
+             "kernel off, against ONNX Runtime's dynamic int8 graph.", ""]
     ort_products = next((row["p50_ms"] for row in r["rows"] if row["contender"].endswith("ONNX Runtime MatMul+Add")),
                         None)
     ort_int8 = by_name.get("ONNX Runtime int8 (dynamic)", {}).get("p50_ms")
