@@ -23,7 +23,10 @@ validation file: the recipe carves 10% of the rows, as `encoderkit finetune` doe
 encoderkit-mega8 changes one: length groups sorted within mega-batches of 8 batches instead of 50, so that a batch
 mixes more lengths. transformers-ek-order is the Trainer reading the rows in encoderkit's order for the seed, from
 encoderkit's initial classifier: beside encoderkit, only the dropout masks differ (each section then also gives
-encoderkit minus it, seed by seed).
+encoderkit minus it, seed by seed). encoderkit-trainer-order is the reverse: encoderkit reading the rows in the order
+the Trainer read them at the same seed (noted by its collator in the Trainer's run), from the Trainer's initial
+classifier, in random batches at every budget; beside the Trainer only the dropout masks differ, and encoderkit minus
+it is what encoderkit's own order and head drew at that seed.
 
 ``--device cuda`` runs both sides on a GPU (fp32, TF32 off): the check of which differences are CPU-only. ``--model``
 takes a directory whose weights may be fp16 (carried to a borrowed machine in half the bytes; widened to fp32
@@ -50,6 +53,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 import common
@@ -65,7 +69,7 @@ SEEDS = (42, 7, 1234, 2024, 99, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 
          25, 26)
 CONTENDERS = ("transformers", "encoderkit")
 VARIANTS = ("encoderkit-random", "encoderkit-torch-kernels", "encoderkit-dense-adamw", "encoderkit-torch",
-            "encoderkit-carved", "encoderkit-mega8", "transformers-ek-order")
+            "encoderkit-carved", "encoderkit-mega8", "transformers-ek-order", "encoderkit-trainer-order")
 GOAL_SEEDS = 5  # the goal is stated over the first 5 seeds
 GOALS = {"sst2": 0.25, "conll": 0.5}  # points below the Trainer's mean that still meet the goal
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -98,9 +102,9 @@ def conll_data(work: Path, budget: int, smoke: bool) -> tuple[Path, Path]:
 def setup_for(task: str, train: Path, valid: Path, work: Path, seed: int, contender: str, model: Path, device: str):
     from encoderkit.training.finetune import Recipe, prepare_finetune, task_kind
 
+    random_batches = contender in ("encoderkit-random", "encoderkit-trainer-order")
     recipe = Recipe(**HYPER, epochs=1, seed=seed, max_length=MAX_LENGTH[task], show_progress=False,
-                    save_steps=10**9, group_by_length=False if contender == "encoderkit-random" else None,
-                    device=device)
+                    save_steps=10**9, group_by_length=False if random_batches else None, device=device)
     kind = task_kind("classify" if task == "sst2" else "ner")
     carved = contender == "encoderkit-carved"
     return prepare_finetune(kind, train, work / "ek", valid=None if carved else valid, model=model,
@@ -149,27 +153,55 @@ def switched_off(contender: str) -> Iterator[None]:
         yield
 
 
+class NotingCollator:
+    """The Trainer's collator, noting the rows of each batch it builds: the order the Trainer read them in. The
+    rows carry their index as ``row``, taken off here before the real collator sees them."""
+
+    def __init__(self, collator: Any) -> None:
+        self.collator, self.rows = collator, []
+
+    def __call__(self, features: list[dict[str, Any]]) -> Any:
+        self.rows.extend(feature["row"] for feature in features)
+        return self.collator([{k: v for k, v in feature.items() if k != "row"} for feature in features])
+
+
 def run_one(task: str, contender: str, train: Path, valid: Path, seed: int, model: Path,
-            device: str) -> dict[str, Any]:
-    """One contender's epoch at one seed: its held-out metric and how long it trained."""
+            device: str, trainer_run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One contender's epoch at one seed: its held-out metric and how long it trained. A Trainer's run also returns
+    the order it read the rows in and its initial classifier (``order``, ``head``), which encoderkit-trainer-order
+    takes as ``trainer_run``."""
     from finetune import hf_trainer, transformers_quality
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         setup, carved = setup_for(task, train, valid, work, seed, contender, model, device)
+        head = setup.model.classifier if task == "sst2" else setup.model.token_classifier
+        noted: dict[str, Any] = {}
         started = time.perf_counter()
         if contender.startswith("transformers"):
             ours = contender == "transformers-ek-order"  # encoderkit's order and initial classifier
             trainer, _, tokenizer = hf_trainer(task, setup, "sequential" if ours else "random", work / "hf",
                                                order=setup.trainer._order(0) if ours else None, model=model,
-                                               use_cpu=device == "cpu")
+                                               use_cpu=device == "cpu", remove_unused_columns=False)
             if ours:
-                head = setup.model.classifier if task == "sst2" else setup.model.token_classifier
                 trainer.model.classifier.load_state_dict(head.out.state_dict())
+            else:  # note the Trainer's own order; what it computes is unchanged
+                trainer.train_dataset = [{**row, "row": i} for i, row in enumerate(trainer.train_dataset)]
+                trainer.data_collator = NotingCollator(trainer.data_collator)
+                noted["head"] = {k: v.clone() for k, v in trainer.model.classifier.state_dict().items()}
             trainer.train()
             seconds = time.perf_counter() - started
+            if not ours:
+                noted["order"] = trainer.data_collator.rows
             quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")
         else:
+            if contender == "encoderkit-trainer-order":
+                order = trainer_run["order"]
+                if sorted(order) != list(range(len(setup.train_examples))):
+                    raise SystemExit(f"the Trainer read {len(order)} rows, not each of the "
+                                     f"{len(setup.train_examples)} once: no order to give encoderkit")
+                setup.trainer._order = lambda epoch: np.asarray(order)
+                head.out.load_state_dict(trainer_run["head"])
             with switched_off(contender):
                 setup.trainer.train(resume=False)
             seconds = time.perf_counter() - started
@@ -177,7 +209,22 @@ def run_one(task: str, contender: str, train: Path, valid: Path, seed: int, mode
                 setup.valid_examples = setup.kind.read(valid)
             quality = setup.evaluate(setup.model.eval(), dtype="fp32")
         return {"metric": 100 * quality[setup.kind.main_metric], "seconds": seconds,
-                "train_examples": len(setup.train_examples)}
+                "train_examples": len(setup.train_examples), **noted}
+
+
+def repeated_trainer_run(task: str, train: Path, valid: Path, seed: int, model: Path, device: str,
+                         runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The Trainer's order at a seed measured before (a contender added by ``--extend``): its run again, which must
+    score what it scored then (the runs are deterministic), or the order would not be the one it read."""
+    result = run_one(task, "transformers", train, valid, seed, model, device)
+    before = next(r["metric"] for r in runs["transformers"] if r["seed"] == seed)
+    if abs(result["metric"] - before) > 1e-9:
+        raise SystemExit(f"the Trainer at seed {seed} scored {result['metric']:.4f} again, {before:.4f} before: its "
+                         "order now is not the one it read then (another library version or CPU?); run the "
+                         "budget anew instead of --extend")
+    print(f"{task} seed {seed}: the Trainer's order noted by a run again ({result['metric']:.2f}, as before)",
+          flush=True)
+    return result
 
 
 def paired(ours: list[float], theirs: list[float]) -> dict[str, float]:
@@ -213,7 +260,7 @@ def main() -> None:
         torch.set_num_threads(2)
     else:  # fp32 products on the GPU, as on the CPU
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    contenders = args.contenders.split(",")
+    contenders = sorted(args.contenders.split(","), key=lambda c: c != "transformers")  # the Trainer first
     unknown = set(contenders) - set(CONTENDERS + VARIANTS)
     if unknown or "transformers" not in contenders:
         raise SystemExit(f"unknown contenders {sorted(unknown)}; 'transformers' is the reference and must run")
@@ -240,11 +287,17 @@ def main() -> None:
             added = [c for c in contenders if c not in runs]  # new to an earlier section: they run at its seeds too
             runs.update({c: [] for c in added})
             for seed in done + new_seeds:
+                trainer_run = None  # the Trainer's run at this seed: its order for encoderkit-trainer-order
                 for contender in (added if seed in done else contenders):  # in turn, seed by seed
-                    runs[contender].append({"seed": seed, **run_one(args.task, contender, train, valid, seed, model,
-                                                                     args.device)})
-                    print(f"{args.task} {budget:,} seed {seed}: {contender:26s} {runs[contender][-1]['metric']:.2f} "
-                          f"({runs[contender][-1]['seconds']:.0f} s)", flush=True)
+                    if contender == "encoderkit-trainer-order" and trainer_run is None:
+                        trainer_run = repeated_trainer_run(args.task, train, valid, seed, model, args.device, runs)
+                    result = run_one(args.task, contender, train, valid, seed, model, args.device, trainer_run)
+                    if contender == "transformers":
+                        trainer_run = result
+                    runs[contender].append({"seed": seed, **{k: result[k] for k in ("metric", "seconds",
+                                                                                      "train_examples")}})
+                    print(f"{args.task} {budget:,} seed {seed}: {contender:26s} {result['metric']:.2f} "
+                          f"({result['seconds']:.0f} s)", flush=True)
             section = summarise(args.task, budget, runs)
             if before:  # the first run's provenance, and this one's among the extensions
                 extension = {"provenance": common.provenance(), "seeds": new_seeds}
@@ -327,10 +380,12 @@ def summarise(task: str, budget: int, runs: dict[str, list[dict[str, Any]]]) -> 
             f"  paired {row['paired_difference']['mean']:+.2f} [{row['paired_difference']['low']:+.2f}, "
             f"{row['paired_difference']['high']:+.2f}]" if "paired_difference" in row else ""))
     by_name = {r["contender"]: r for r in rows}
-    comparisons = []  # beside encoderkit, the Trainer in encoderkit's order differs only in its dropout masks
-    if "encoderkit" in by_name and "transformers-ek-order" in by_name:
-        comparisons.append({"contenders": ["encoderkit", "transformers-ek-order"],
-                            **paired(by_name["encoderkit"]["metrics"], by_name["transformers-ek-order"]["metrics"])})
+    # Beside encoderkit, the Trainer in encoderkit's order differs only in its dropout masks; encoderkit in the
+    # Trainer's order differs only in the order and initial head drawn for the seed.
+    comparisons = [{"contenders": ["encoderkit", other], **paired(by_name["encoderkit"]["metrics"],
+                                                                  by_name[other]["metrics"])}
+                   for other in ("transformers-ek-order", "encoderkit-trainer-order")
+                   if "encoderkit" in by_name and other in by_name]
     if "encoderkit" in by_name:  # the goal is over the first 5 seeds; more seeds give a tighter estimate beside it
         first = GOAL_SEEDS
         ours = statistics.fmean(by_name["encoderkit"]["metrics"][:first])

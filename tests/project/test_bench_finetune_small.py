@@ -89,7 +89,52 @@ def test_the_trainer_in_encoderkits_order_runs_on_each_task(task) -> None:
     if lacking:
         pytest.skip(f"bench/finetune_small.py needs {'; '.join(lacking)}")
     done = subprocess.run([sys.executable, "bench/finetune_small.py", "--smoke", "--task", task, "--contenders",
-                           "transformers,encoderkit,transformers-ek-order"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+                           "encoderkit-trainer-order,transformers,encoderkit,transformers-ek-order"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"{task} 64 seed 42: transformers-ek-order" in done.stdout
+    assert f"{task} 64 seed 42: encoderkit-trainer-order" in done.stdout  # after the Trainer, whose order it takes
+    assert done.stdout.index(f"seed 42: transformers ") < done.stdout.index("seed 42: encoderkit-trainer-order")
+
+
+def test_the_noted_order_is_the_one_the_trainer_read(small, tmp_path) -> None:
+    """The collator that notes the Trainer's order changes nothing the model sees, and the batches the model was
+    given are the noted rows in the noted order."""
+    transformers = pytest.importorskip("transformers")
+    from encoderkit import default_model_path
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_path()))
+    config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32, num_labels=2)
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(40)]
+    encoded = tokenizer(texts)
+    rows = [{"input_ids": ids, "attention_mask": mask, "labels": i % 2, "row": i}
+            for i, (ids, mask) in enumerate(zip(encoded["input_ids"], encoded["attention_mask"]))]
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].clone()),
+                                    with_kwargs=True)
+    collator = small.NotingCollator(transformers.DataCollatorWithPadding(tokenizer))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=1,
+                                          use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
+                                          remove_unused_columns=False, seed=3)
+    transformers.Trainer(model=model, args=args, train_dataset=rows, data_collator=collator).train()
+    assert sorted(collator.rows) == list(range(40)) and collator.rows != list(range(40))  # each row once, shuffled
+    assert len(seen) == 5
+    for batch, rows_of_batch in zip(seen, [collator.rows[i:i + 8] for i in range(0, 40, 8)]):
+        for ids, row in zip(batch.tolist(), rows_of_batch):
+            own = encoded["input_ids"][row]
+            assert ids[:len(own)] == own and set(ids[len(own):]) <= {tokenizer.pad_token_id}
+
+
+def test_an_extension_whose_trainer_scores_otherwise_is_refused(small, monkeypatch) -> None:
+    """encoderkit-trainer-order added to seeds measured before reruns the Trainer for its order; a rerun that
+    scores otherwise read another order, and is refused rather than used."""
+    runs = {"transformers": [{"seed": 42, "metric": 85.5}]}
+    monkeypatch.setattr(small, "run_one", lambda *args, **kwargs: {"metric": 85.5, "order": [1, 0]})
+    assert small.repeated_trainer_run("sst2", None, None, 42, None, "cpu", runs)["order"] == [1, 0]
+    monkeypatch.setattr(small, "run_one", lambda *args, **kwargs: {"metric": 85.6, "order": [1, 0]})
+    with pytest.raises(SystemExit, match="scored 85.6000 again, 85.5000 before"):
+        small.repeated_trainer_run("sst2", None, None, 42, None, "cpu", runs)
