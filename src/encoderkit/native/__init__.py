@@ -83,10 +83,11 @@ MAX_TOKENS = 64
 # Larger batches, up to BATCH_MAX_TOKENS tokens, take it where each of their sequences is short enough. int8: at most
 # int8_max_length() tokens, where the kernel beat PyTorch's int8 kernels. That length depends on the kernel's int8
 # products (INT8_MAX_LENGTHS, by the largest weight code they sum exactly): with VNNI's exact 8-bit sums the kernel was
-# the faster one up to the longest sequences an embedding model usually takes; where it adds pairs of products in 16
-# bits (AVX2, AVX512BW) only up to short ones on the first CPU that imitated that tier (a Zen 4 class EPYC), but up to
-# 256 tokens on a second (Zen 5): the short limit stays until a real AVX2 CPU decides (bench/int8_lengths.py,
-# BENCHMARKS.md). The cap is the engine's default budget for embedding (precision.TOKEN_BUDGETS); it bounds the
+# the faster one up to the longest sequences an embedding model usually takes, and so it was where it adds pairs of
+# products in 16 bits, on a real AVX2 EPYC (Zen 3): faster than PyTorch's int8 kernels at every length up to 256, and
+# an embedding job fastest with that limit (bench/int8_lengths.py, BENCHMARKS.md). Two CPUs that imitated the tier had
+# disagreed (a Zen 4 class EPYC: 64, a Zen 5: 256). AVX512BW without VNNI is unmeasured and shares the pair sums'
+# entry. The cap is the engine's default budget for embedding (precision.TOKEN_BUDGETS); it bounds the
 # scratch each calling thread keeps.
 BATCH_MAX_TOKENS = 2048
 # fp32: batches of up to this many tokens, by the build's vector lanes (8: 256-bit, 16: 512-bit), whose sequences have
@@ -95,7 +96,7 @@ BATCH_MAX_TOKENS = 2048
 # with oneDNN's AVX-512 ones and end to end it was no faster, so the PyTorch layers keep those batches
 # (bench/kernel_batches.py, BENCHMARKS.md).
 FP32_MAX_TOKENS = {8: BATCH_MAX_TOKENS, 16: MAX_TOKENS}
-INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 64}
+INT8_MAX_LENGTHS = {EXACT_WEIGHT_LEVELS: 256, PAIR_SUM_WEIGHT_LEVELS: 256}
 # The PyTorch layers' inference attention (``attention``) runs here where a batch's longest sequence has at most this
 # many tokens, by the build's vector lanes (8: 256-bit, 16: 512-bit): up to there the kernel's attention beat SDPA's,
 # and past it SDPA's blocked kernel caught up (bench/attention_lengths.py, BENCHMARKS.md).
