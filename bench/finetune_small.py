@@ -34,7 +34,7 @@ before either side reads them), ``--shared`` a copy of ../shared's data.
 
     flock -x /tmp/bench.lock python bench/finetune_small.py [--task sst2] [--budgets 2000,4000,16000] [--seeds 5]
         [--contenders transformers,encoderkit,encoderkit-random] [--device cuda] [--model DIR] [--shared DIR]
-        [--extend] [--smoke]
+        [--extend] [--result NAME] [--smoke]
 
 ``--extend`` runs only the seeds a budget's earlier section lacks (up to ``--seeds``), for the contenders it has, and
 adds them to it: the section keeps its first run's provenance and lists each extension's (commit, date, seeds). A
@@ -250,6 +250,8 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=common.SHARED, help="the folder holding data/")
     parser.add_argument("--extend", action="store_true", help="add seeds to each budget's earlier section (its "
                                                                 "contenders; up to --seeds in all)")
+    parser.add_argument("--result", default=None, help="the file under bench/results/ (default: finetune_small_"
+                                                         "TASK[_DEVICE]): a run on another CPU beside the kept one")
     parser.add_argument("--smoke", action="store_true", help="64 rows, one seed, nothing written (a test)")
     args = parser.parse_args()
     # The runner's smoke run (common.SMOKE) shrinks the same way, on a tiny random BERT, and writes its result to
@@ -269,7 +271,7 @@ def main() -> None:
     if not 1 <= args.seeds <= len(SEEDS):
         raise SystemExit(f"--seeds takes 1 to {len(SEEDS)}, found {args.seeds}")
     seeds = SEEDS[:1 if smoke else args.seeds]
-    name = f"finetune_small_{args.task}" + ("" if args.device == "cpu" else f"_{args.device}")
+    name = args.result or f"finetune_small_{args.task}" + ("" if args.device == "cpu" else f"_{args.device}")
     earlier_sections = earlier_by_budget(RESULTS / f"{name}.json")
     if args.extend and not smoke:
         extendable(earlier_sections, budgets, contenders, seeds)
