@@ -188,19 +188,18 @@ def run_one(task: str, contender: str, train: Path, valid: Path, seed: int, mode
             else:  # note the Trainer's own order; what it computes is unchanged
                 trainer.train_dataset = [{**row, "row": i} for i, row in enumerate(trainer.train_dataset)]
                 trainer.data_collator = NotingCollator(trainer.data_collator)
-                noted["head"] = {k: v.clone() for k, v in trainer.model.classifier.state_dict().items()}
+                noted.update(order=trainer.data_collator.rows,  # filled in as the Trainer reads the rows
+                             head={k: v.clone() for k, v in trainer.model.classifier.state_dict().items()})
             trainer.train()
             seconds = time.perf_counter() - started
-            if not ours:
-                noted["order"] = trainer.data_collator.rows
             quality = transformers_quality(setup, trainer.model.eval(), tokenizer, work / "hf-out")
         else:
             if contender == "encoderkit-trainer-order":
-                order = trainer_run["order"]
-                if sorted(order) != list(range(len(setup.train_examples))):
+                order = np.asarray(trainer_run["order"])  # once: the trainer asks for its order every batch
+                if sorted(order.tolist()) != list(range(len(setup.train_examples))):
                     raise SystemExit(f"the Trainer read {len(order)} rows, not each of the "
                                      f"{len(setup.train_examples)} once: no order to give encoderkit")
-                setup.trainer._order = lambda epoch: np.asarray(order)
+                setup.trainer._order = lambda epoch: order
                 head.out.load_state_dict(trainer_run["head"])
             with switched_off(contender):
                 setup.trainer.train(resume=False)
