@@ -820,14 +820,21 @@ OP_KINDS = {"aten::scaled_dot_product_attention": "attention (SDPA kernel)", "at
 SCOPE_KINDS = {"ek::tokenize": "tokenization", "ek::plan": "batching/packing", "ek::pack": "batching/packing",
                "ek::flatten": "batching/packing", "ek::pool": "pooling", "ek::attention": "attention (layout: "
                "permute/copy around SDPA)", "ek::embeddings": "embeddings"}
+# The native kernel's calls (encoderkit.native) run no torch ops: each scope's whole time is charged to its kind.
+# bench/native_phases.py splits the first one by step.
+NATIVE_SCOPES = {"ek::native": "native kernel: embeddings and every layer in one call",
+                 "ek::native-attention": "attention (native kernel, for batches the whole kernel does not take)"}
 
 
 def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
     """torch.profiler over one Embedder.encode(batch_size=32) of the 2,000 texts (fp32). Each top-level op (one
     that no other op called) is charged to its kind by name (linear, SDPA, layernorm, gelu), else to the scope
     it ran in (annotations this function wraps around the tokenizer, batch planning, packing, pooling, the
-    attention module); what no op accounts for is Python and dispatch time."""
+    attention module); the native kernel's calls, which run no torch ops, are charged whole to their scope
+    (``NATIVE_SCOPES``); what no op accounts for is Python and dispatch time."""
     import encoderkit.engine as engine_module
+    import encoderkit.modeling.kernels as kernels_module
+    import encoderkit.native as native_module
     import encoderkit.tasks.embed as embed_module
     from encoderkit.modeling.packing import Packing
     from torch.autograd.profiler import record_function
@@ -846,7 +853,9 @@ def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
     patches = [(embed_module.Embedder, "_tokenize", scoped("ek::tokenize", embed_module.Embedder._tokenize)),
                (engine_module, "plan_batches", scoped("ek::plan", engine_module.plan_batches)),
                (engine_module, "_flatten", scoped("ek::flatten", engine_module._flatten)),
-               (engine_module, "pool_packed", scoped("ek::pool", engine_module.pool_packed))]
+               (engine_module, "pool_packed", scoped("ek::pool", engine_module.pool_packed)),
+               (native_module.NativeEncoder, "__call__", scoped("ek::native", native_module.NativeEncoder.__call__)),
+               (kernels_module, "native_attention", scoped("ek::native-attention", kernels_module.native_attention))]
     # the packed inference path calls its linear layers' kernels through fused_product / plus_product, not
     # through the modules' forward, so their hooks would not fire: the scope is set by the module passed
     import encoderkit.modeling.attention as attention_module
@@ -857,15 +866,16 @@ def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
         linear_scope.update({id(layer.attention.output): "ek::linear:attention output",
                              id(layer.ffn_in): "ek::linear:ffn in", id(layer.ffn_out): "ek::linear:ffn out"})
 
-    def scoped_product(fn: Callable, position: int) -> Callable:
+    def scoped_product(fn: Callable) -> Callable:  # the scope of the linear module among the arguments
         def wrapper(*args, **kwargs):
-            with record_function(linear_scope.get(id(args[position]), "ek::linear:other")):
+            scope = next((linear_scope[id(arg)] for arg in args if id(arg) in linear_scope), "ek::linear:other")
+            with record_function(scope):
                 return fn(*args, **kwargs)
         return wrapper
 
-    patches += [(encoder_module, "fused_product", scoped_product(encoder_module.fused_product, 0)),
-                (encoder_module, "plus_product", scoped_product(encoder_module.plus_product, 1)),
-                (attention_module, "plus_product", scoped_product(attention_module.plus_product, 1))]
+    patches += [(encoder_module, "fused_product", scoped_product(encoder_module.fused_product)),
+                (encoder_module, "plus_product", scoped_product(encoder_module.plus_product)),
+                (attention_module, "plus_product", scoped_product(attention_module.plus_product))]
     from_lengths = Packing.__dict__["from_lengths"]
     patches.append((Packing, "from_lengths", classmethod(scoped("ek::pack", from_lengths.__func__))))
     saved = [(owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
@@ -913,8 +923,8 @@ def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
         while parent is not None and parent.name.startswith("ek::"):
             scopes.append(parent.name)
             parent = parent.cpu_parent
-        if parent is not None:
-            continue  # called by another op: counted in its caller
+        if parent is not None or any(scope in NATIVE_SCOPES for scope in scopes):
+            continue  # called by another op, or within a native call: counted in its caller
         seconds = event.cpu_time_total / 1e6
         op_time += seconds
         op_count += 1
@@ -927,7 +937,9 @@ def profile_encoderkit(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
         kinds[kind] += seconds
     tokenize = scope_totals["ek::tokenize"]  # Python + Rust, no torch ops inside
     kinds["tokenization"] = tokenize
-    kinds["Python and dispatch (not in any op)"] = max(profiled - op_time - tokenize, 0.0)
+    native = {NATIVE_SCOPES[scope]: scope_totals[scope] for scope in NATIVE_SCOPES if scope_totals[scope]}
+    kinds.update(native)
+    kinds["Python and dispatch (not in any op)"] = max(profiled - op_time - tokenize - sum(native.values()), 0.0)
     return {"unprofiled_seconds": unprofiled, "profiled_seconds": profiled, "top_level_ops": op_count,
             "seconds_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
             "top_ops": dict(sorted(op_names.items(), key=lambda kv: -kv[1])[:15]),

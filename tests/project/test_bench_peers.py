@@ -147,3 +147,39 @@ def test_runs_are_kept_per_tier_of_cpu(peers, tmp_path, monkeypatch):
     assert not (tmp_path / "peers_avx512.json").exists() and (tmp_path / "peers_avx2.json").exists()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert peers.this_tier() == "avx2_imitated"  # such a run is written as peers_avx2_imitated.json, beside these
+
+
+def _profiled_kinds(peers, minilm_dir, texts) -> tuple[dict[str, float], float]:
+    result = peers.profile_encoderkit(minilm_dir, texts)
+    kinds = result["seconds_by_kind"]
+    assert all(seconds >= 0 for seconds in kinds.values())
+    return kinds, result["profiled_seconds"]
+
+
+def test_profile_charges_the_native_kernel_its_time(peers, minilm_dir, texts, monkeypatch):
+    """The native kernel runs no torch op: its calls are charged to it, not to "Python and dispatch" (a run on an
+    AVX2 CPU, where every batch took the kernel, once showed 99% of encoderkit's time as Python)."""
+    from encoderkit import native
+
+    if native.library() is None:
+        pytest.skip(f"no native kernel here: {native.status()}")
+    monkeypatch.setattr(peers, "BATCH", 1)  # one short text a batch: within the kernel's MAX_TOKENS on every build
+    short = [text for text in texts if len(text) < 120][:12]
+    kinds, profiled = _profiled_kinds(peers, minilm_dir, short)
+    kernel = kinds[peers.NATIVE_SCOPES["ek::native"]]
+    assert kernel > kinds["Python and dispatch (not in any op)"]
+    assert kernel < profiled and abs(sum(kinds.values()) - profiled) < 1e-6 * profiled + 1e-9
+    assert not any(kind.startswith("linear") for kind in kinds)  # no product ran outside the kernel
+
+
+def test_profile_names_each_linear_layer_of_the_pytorch_layers(peers, minilm_dir, texts, monkeypatch):
+    """Without the native kernel, each product is charged to its layer (the inference products take the module
+    after the plan, so a position-based lookup once charged them all to "other")."""
+    from encoderkit import native
+
+    monkeypatch.setattr(native, "library", lambda: None)
+    kinds, profiled = _profiled_kinds(peers, minilm_dir, texts[:40])
+    linear = {kind for kind in kinds if kind.startswith("linear")}
+    assert linear == {f"linear (matmul): {name}" for name in ("qkv", "attention output", "ffn in", "ffn out")}
+    assert not any(kind.startswith("native") for kind in kinds)
+    assert abs(sum(kinds.values()) - profiled) < 1e-6 * profiled + 1e-9
