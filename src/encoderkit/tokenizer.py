@@ -284,6 +284,18 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    def add_tokens(self, tokens: Sequence[Any]) -> int:
+        """Add ``tokens`` (``tokenizers.AddedToken``s, or strings: not special, normalised like the text, as
+        transformers' ``add_tokens`` takes them) to the vocabulary; returns how many were new. The backend is
+        shared state: this waits until no call is encoding (a change under a running call is refused by it)."""
+        from tokenizers import AddedToken
+
+        added = [t if isinstance(t, AddedToken) else AddedToken(str(t), normalized=True, special=False)
+                 for t in tokens]
+        with self._turns.condition:
+            self._turns.wait()
+            return self.backend.add_tokens(added)
+
     def token_id(self, role: str) -> int | None:
         """Id of a special token by role: "cls", "sep", "pad", "mask", "unk", "bos", "eos"."""
         token = self.special_tokens.get(role)

@@ -272,6 +272,27 @@ def test_a_pickled_tokenizer_encodes_as_the_original(minilm_dir) -> None:
     assert copied._turns is not ours._turns
 
 
+
+def test_added_tokens_match_transformers_and_wait_for_running_calls(minilm_dir) -> None:
+    """``add_tokens`` gives the ids and the encodings transformers' ``add_tokens`` gives, and waits while a call
+    encodes under the backend's settings (the backend refuses a change under a running call)."""
+    ours = Tokenizer.from_pretrained(minilm_dir)
+    reference = transformers.AutoTokenizer.from_pretrained(str(minilm_dir))
+    markers = ["[Q] ", "[D] ", "[unused0]"]  # the last is in the vocabulary already: made an added token too
+    ours._begin(16, "longest_first", 0, False, None)  # a call encoding now
+    added: list[int] = []
+    adder = threading.Thread(target=lambda: added.append(ours.add_tokens(markers)))
+    adder.start()
+    adder.join(0.3)
+    assert adder.is_alive() and ours.vocab_size == reference.vocab_size  # waiting, nothing added yet
+    ours._end()
+    adder.join(5.0)
+    assert added == [reference.add_tokens(markers)] == [3]
+    text = "[Q] what is a [D] token? [Q]x [unused0]y"
+    assert ours.convert_tokens_to_ids(markers) == reference.convert_tokens_to_ids(markers)
+    assert ours.encode(text).input_ids == reference(text)["input_ids"]
+
+
 # ----- DeBERTa-v3 (SentencePiece Unigram) and ModernBERT (byte-level BPE) tokenizer.json directories -----------
 MORE_CASES = [
     "  leading and trailing spaces  ",

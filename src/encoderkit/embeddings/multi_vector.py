@@ -429,8 +429,6 @@ def add_marker_tokens(encoder: EncoderModel, tokenizer: Tokenizer, settings: Mul
     does: the embedding matrix is first cut (or grown) to the tokenizer's size, then one row per new token is added,
     the mean of the others (transformers' ``resize_token_embeddings`` draws them from a normal distribution
     around that mean with 1e-9 times the rows' covariance). Returns the tokens added."""
-    from tokenizers import AddedToken
-
     wanted = [prefix for prefix in dict.fromkeys((settings.query_prefix, settings.document_prefix)) if prefix]
     missing = [prefix for prefix in wanted if tokenizer.convert_tokens_to_ids([prefix])[0] is None]
     if not missing:
@@ -440,8 +438,7 @@ def add_marker_tokens(encoder: EncoderModel, tokenizer: Tokenizer, settings: Mul
     if word.num_embeddings < before:
         raise CheckpointError(f"the tokenizer has {before} tokens but the model only {word.num_embeddings} word "
                               "embeddings; they do not belong together")
-    # As transformers' add_tokens with a string: not special, normalised like the text.
-    tokenizer.backend.add_tokens([AddedToken(prefix, normalized=True, special=False) for prefix in missing])
+    tokenizer.add_tokens(missing)  # as transformers' add_tokens with strings: not special, normalised like the text
     after = tokenizer.vocab_size
     with torch.no_grad():
         kept = word.weight[:before]
