@@ -128,6 +128,26 @@ def test_sparse_dot_equals_the_dense_product(chunk_entries):
     assert (queries.dot(empty) == 0).all() and queries.dot(empty).shape == (23, 2)
 
 
+
+def test_picked_rows_equal_the_dense_rows_picked():
+    """Rows picked by an int, a slice (steps, negative ends) or a list (repeats, negative ids, empty rows) equal
+    numpy's indexing of the dense rows; a row outside the vectors raises IndexError."""
+    rng = np.random.default_rng(9)
+    rows = [(ids, rng.random(len(ids)).astype(np.float32) + 0.1)
+            for ids in (rng.choice(40, size=int(rng.integers(0, 6)), replace=False) for _ in range(12))]
+    vectors = SparseVectors.from_rows(rows, 40)
+    dense = vectors.to_dense()
+    for pick in (3, -1, slice(None), slice(2, 9, 3), slice(None, None, -2), slice(5, 5), [7, 0, 7, -12],
+                 np.array([11, 2]), []):
+        picked = vectors[pick]
+        want = dense[[pick]] if np.isscalar(pick) else dense[pick]
+        np.testing.assert_array_equal(picked.to_dense(), want.reshape(-1, 40), err_msg=str(pick))
+        assert picked.indptr[-1] == picked.nnz and (picked.values != 0).all()
+    for outside in (12, -13, [0, 12]):
+        with pytest.raises(IndexError):
+            vectors[outside]
+
+
 def test_calibration_starts_the_vectors_at_the_asked_active_terms(mlm_dir):
     """``calibrate_active_terms`` against transformers' BertForMaskedLM: the shift is the midpoint between the
     (k x texts)-th and the next largest of the texts' per-term maximum logits (found here by sorting them), the
