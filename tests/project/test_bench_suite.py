@@ -106,6 +106,19 @@ def test_report_refuses_a_result_without_provenance(tmp_path):
     assert _bench("report", "--out", str(out), env=env).returncode == 0
 
 
+def test_report_names_apart_two_runs_under_one_heading(tmp_path):
+    """Two results of one script that render the same heading: the second is followed by its file's name, so a
+    reader (and a link) can tell them apart; the first keeps its heading as it was."""
+    results, out = tmp_path / "results", tmp_path / "BENCHMARKS.md"
+    results.mkdir()
+    for name in ("search.json", "search_other_cpu.json"):
+        (results / name).write_text(json.dumps(_result()), encoding="utf-8")
+    done = _bench("report", "--out", str(out), env={"ENCODERKIT_BENCH_RESULTS": str(results)})
+    assert done.returncode == 0, done.stderr
+    headings = [line for line in out.read_text(encoding="utf-8").splitlines() if line.startswith("### ")]
+    assert headings == ["### Search indexes (`bench/search.py`)",
+                        "### Search indexes (`bench/search.py`): `search_other_cpu.json`"]
+
 def test_interleaved_rotates_the_order_and_takes_ratios_per_round():
     common = bench_module("common")
     calls: list[str] = []
