@@ -22,9 +22,9 @@ from parity.test_families import CONFIGS, STEMS, TOL, VOCAB, perturb
 transformers = pytest.importorskip("transformers")
 THREADS_BEFORE = torch.get_num_threads()
 
-# The families whose layers the kernel runs: not MPNet, whose attention adds a relative-position bias
-# (test_a_relative_position_bias_stays_on_pytorch), nor the rotary ones (test_rotary_families_stay_on_pytorch)
-DECLINED = {"mpnet": "a relative position bias (MPNet)", "nomic_bert": "rotary or relative positions",
+# The families whose layers the kernel runs (MPNet's with its bias by relative position); not the rotary ones nor
+# the pre-norm ones (test_rotary_families_stay_on_pytorch)
+DECLINED = {"nomic_bert": "rotary or relative positions",
             "gte": "rotary or relative positions", "eurobert": "pre-norm layers (ModernBERT, EuroBERT)",
             "jina_embeddings_v3": "rotary or relative positions"}
 KERNEL_FAMILIES = [family for family in CONFIGS if family not in DECLINED]
@@ -97,7 +97,8 @@ def test_native_states_equal_transformers(family, tmp_path):
         assert_states([expected[i] for i in batch], got, f"{family}, {len(batch)} sequence(s)")
     plan = native.kernel_of(model)
     assert plan is not None, "the native kernel did not run"
-    assert plan.native_embeddings == (family in ("bert", "roberta", "xlm-roberta", "camembert", "distilbert"))
+    assert plan.native_embeddings == (family in ("bert", "roberta", "xlm-roberta", "camembert", "distilbert",
+                                                 "mpnet"))
 
 
 def test_native_attention_over_longer_sequences_equals_transformers(tmp_path):
@@ -112,15 +113,28 @@ def test_native_attention_over_longer_sequences_equals_transformers(tmp_path):
     assert native.kernel_of(model) is not None, "the native kernel did not run"
 
 
-def test_a_relative_position_bias_stays_on_pytorch(tmp_path):
-    """MPNet's layers add a bias the kernel's attention has no place for: it declines them, with the reason, and
-    the engine's states still equal transformers'."""
-    config, reference, model = reference_and_ours("mpnet", tmp_path)
-    assert native.eligible(model) == "a relative position bias (MPNet)"
+def test_a_relative_position_bias_over_every_bucket_equals_transformers(tmp_path, monkeypatch):
+    """MPNet's bias by relative position in the whole kernel: sequences long enough to reach every bucket (exact
+    ones up to 8 apart, logarithmic ones to 128, the last beyond it, in both directions) and lengths whose layouts
+    differ (spans of 16, 256), in one batch and alone: transformers' states; the table follows changed weights."""
+    config, reference, model = reference_and_ours("mpnet", tmp_path, max_position_embeddings=512)
+    monkeypatch.setattr(native, "fp32_max_tokens", lambda: native.BATCH_MAX_TOKENS)
     engine = engine_for(model, "fp32")
-    ids, types = sequences(config, [13, 9, 6, 1])
-    assert_states(expected_states(reference, config, ids, types), engine_states(engine, ids, types), "mpnet")
-    assert native.kernel_of(model) is None
+    ids, types = sequences(config, [200, 37, 9, 1])
+    expected = expected_states(reference, config, ids, types)
+    for batch in ([0, 1, 2, 3], [2], [1, 3]):
+        got = engine_states(engine, [ids[i] for i in batch], None)
+        assert_states([expected[i] for i in batch], got, f"mpnet, sequences {batch}")
+    plan = native.kernel_of(model)
+    assert plan is not None, "the native kernel did not run"
+    assert sorted(plan.bias_tables) == [16, 64, 256]
+    with torch.no_grad():
+        for ours, theirs in ((model.position_bias.table.weight,
+                              reference.encoder.relative_attention_bias.weight),):
+            ours.mul_(-2.0)
+            theirs.mul_(-2.0)
+    assert_states(expected_states(reference, config, ids[1:2], types), engine_states(engine, ids[1:2], None),
+                  "mpnet, changed bias")
 
 
 @pytest.mark.parametrize("family", ["nomic_bert", "gte", "eurobert", "jina_embeddings_v3"])

@@ -136,7 +136,11 @@ class RelativePositionBias(nn.Module):
     def buckets(cls, length: int, device: torch.device) -> torch.Tensor:
         """(length, length) bucket of each (query, key) pair."""
         ids = torch.arange(length, dtype=torch.long, device=device)
-        distance = ids[:, None] - ids[None, :]  # query - key: positive where the key is before
+        return cls.bucket_of(ids[:, None] - ids[None, :])
+
+    @classmethod
+    def bucket_of(cls, distance: torch.Tensor) -> torch.Tensor:
+        """The bucket of each relative position ``distance`` = query - key (positive where the key is before)."""
         half = cls.BUCKETS // 2
         exact = half // 2
         bucket = (distance < 0).long() * half
@@ -148,6 +152,13 @@ class RelativePositionBias(nn.Module):
     def forward(self, length: int, device: torch.device) -> torch.Tensor:
         """(1, heads, length, length) additive bias."""
         return self.table(self.buckets(length, device)).permute(2, 0, 1)[None]
+
+    def by_distance(self, span: int, pad: int = 0) -> torch.Tensor:
+        """(heads, 2 * span - 1 + pad) bias of each head by query - key + span - 1 (for sequences of at most
+        ``span`` tokens; ``pad`` zeros after): the same values as ``forward``, laid out for the native kernel."""
+        distance = torch.arange(2 * span - 1, dtype=torch.long, device=self.table.weight.device) - (span - 1)
+        rows = self.table(self.bucket_of(distance)).t()
+        return torch.nn.functional.pad(rows, (0, pad)).contiguous()
 
 
 @dataclass
@@ -164,12 +175,20 @@ class AttentionContext:
     plan: InferencePlan | None = None  # the encoder's inference speed-ups (``for_inference``), reached by each product
     _relative_index: dict[int, torch.Tensor] = field(default_factory=dict)
     _position_bias: dict[int, torch.Tensor] = field(default_factory=dict)
+    _native_bias: list[torch.Tensor | None] = field(default_factory=list)
 
     def position_bias_of(self, length: int, dtype: torch.dtype) -> torch.Tensor:
         """(1, heads, length, length) MPNet bias, once a forward per length (every layer adds the same)."""
         if length not in self._position_bias:
             self._position_bias[length] = self.position_bias(length, self.packing.positions.device).to(dtype)
         return self._position_bias[length]
+
+    def native_bias(self) -> torch.Tensor | None:
+        """MPNet's bias laid out for the native attention (``kernels.native_bias_layout``) for this batch's longest
+        sequence, once a forward."""
+        if not self._native_bias:
+            self._native_bias.append(kernels.native_bias_layout(self.position_bias, self.packing.max_length))
+        return self._native_bias[0]
 
     def relative_index(self, length: int, config: EncoderConfig) -> torch.Tensor:
         if length not in self._relative_index:
@@ -347,13 +366,13 @@ class SelfAttention(nn.Module):
 
     def native_attention(self, qkv: torch.Tensor, context: AttentionContext) -> torch.Tensor | None:
         """The (rows, hidden) attention output of the whole batch in one native call (``kernels.native_attention``),
-        for inference of plain attention: no gradient, no probabilities asked for, no position terms (rotary,
-        DeBERTa's, MPNet's bias), no window shorter than the batch's longest sequence, as many key/value heads as
-        query heads, and nothing masked but the other sequences (packed in row order, no padding). None: the groups
-        run SDPA (``attend_groups``)."""
+        for inference of plain attention, or with MPNet's bias: no gradient, no probabilities asked for, no other
+        position terms (rotary, DeBERTa's), no window shorter than the batch's longest sequence, as many key/value
+        heads as query heads, and nothing masked but the other sequences (packed in row order, no padding). None:
+        the groups run SDPA (``attend_groups``)."""
         packing = context.packing
         if self.training or torch.is_grad_enabled() or context.return_probs or context.dense \
-                or context.score_parts is not None or context.position_bias is not None:
+                or context.score_parts is not None:
             return None
         if self.rotary_kind is not None or self.pos_att_type or self.kv_heads != self.num_heads:
             return None
@@ -362,7 +381,13 @@ class SelfAttention(nn.Module):
             return None
         if not packing.by_sequence_only:
             return None
-        return kernels.native_attention(qkv, packing.cu_seqlens, self.num_heads, self.scale_or_default, longest)
+        bias = None
+        if context.position_bias is not None:
+            bias = context.native_bias()
+            if bias is None:
+                return None
+        return kernels.native_attention(qkv, packing.cu_seqlens, self.num_heads, self.scale_or_default, longest,
+                                        bias)
 
     def attend_groups(self, qkv: torch.Tensor, context: AttentionContext
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:

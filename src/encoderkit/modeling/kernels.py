@@ -24,7 +24,14 @@ def native_forward(encoder: torch.nn.Module, input_ids: torch.Tensor, token_type
 
 
 def native_attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float,
-                     longest: int) -> torch.Tensor | None:
-    """Packed self-attention for inference, (tokens, 3 * hidden) q | k | v -> (tokens, hidden), from the native
-    library (``native.attention``), or None where it does not apply."""
-    return native.attention(qkv, starts, heads, scale, longest)
+                     longest: int, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Packed self-attention for inference, (tokens, 3 * hidden) q | k | v -> (tokens, hidden), plus ``bias`` by
+    relative position (``native_bias_layout``'s) where given, from the native library (``native.attention``), or
+    None where it does not apply."""
+    return native.attention(qkv, starts, heads, scale, longest, bias)
+
+
+def native_bias_layout(position_bias: torch.nn.Module, longest: int) -> torch.Tensor | None:
+    """MPNet's bias by relative position laid out for ``native_attention`` (``native.bias_layout``), or None where
+    the library is not built."""
+    return native.bias_layout(position_bias, longest)

@@ -18,12 +18,13 @@ instructions (AVX512-VNNI, or AVX-VNNI on 256-bit vectors) and scaled back to fp
 below. The guard's calibration itself runs the PyTorch layers, which observe and
 measure. For one short text it is several times faster than PyTorch's int8 kernels (bench/latency_floor.py).
 
-It applies, through ``EncoderModel.run`` (the one forward; this is a kernel switch like SDPA's), where all of
-these hold: the model was prepared by ``for_inference`` (in fp32, int8 layers or not, or in bf16: see below), runs
-on the CPU with no gradient, returns only its last states, its layers are post-norm with absolute positions (BERT,
-RoBERTa, DistilBERT, ALBERT, ELECTRA; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReLU, and
-the batch is packed in row order and has at most ``MAX_TOKENS`` tokens, or more whose sequences are all short:
-int8 ones of up to ``BATCH_MAX_TOKENS`` tokens (the engine's default budget for embedding) of sequences of at most
+It applies, through ``EncoderModel.run`` (the one forward; this is a kernel switch like SDPA's), where all of these
+hold: the model was prepared by ``for_inference`` (in fp32, int8 layers or not, or in bf16: see below), runs on the
+CPU with no gradient, returns only its last states, its layers are post-norm with absolute positions (BERT, RoBERTa,
+DistilBERT, ALBERT, ELECTRA; MPNet too, whose attention adds a learned bias by relative position: its table is laid
+out once per span, ``bias_layout``; not ModernBERT or DeBERTa), its activation is GELU (erf or tanh) or ReLU, and
+the batch is packed in row order and has at most ``MAX_TOKENS`` tokens, or more whose sequences are all short: int8
+ones of up to ``BATCH_MAX_TOKENS`` tokens (the engine's default budget for embedding) of sequences of at most
 ``int8_max_length()`` tokens, fp32 ones of up to ``fp32_max_tokens()`` tokens (``BATCH_MAX_TOKENS`` on 256-bit
 builds) of at most ``attention_max_length()`` (past it SDPA's attention is the faster one). Everything else runs the
 PyTorch layers as before.
@@ -129,24 +130,56 @@ def adamw_rows(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
                       inv_scale, torch.get_num_threads())
 
 
-def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float, longest: int) -> torch.Tensor | None:
+def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float, longest: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """Self-attention of packed sequences, for the PyTorch layers' inference: (tokens, 3 * hidden) rows of query |
     key | value, heads side by side in each, -> (tokens, hidden), each sequence (rows ``starts[s]`` to
-    ``starts[s + 1]``, ``longest`` rows at most) attending within itself, softmax(q k^T * scale) v. The kernel's own
-    attention (``attention_part`` in small_batch.cpp), on torch's threads: one call for the whole batch, where SDPA
-    takes one call per run of equal lengths. None where it does not apply (no library, not fp32 on the CPU, a
-    gradient to keep, a sequence longer than ``attention_max_length()``); the caller then runs SDPA."""
+    ``starts[s + 1]``, ``longest`` rows at most) attending within itself, softmax(q k^T * scale + bias) v, ``bias``
+    the position bias laid out by ``bias_layout`` (MPNet's) or none. The kernel's own attention (``attention_part``
+    in small_batch.cpp), on torch's threads: one call for the whole batch, where SDPA takes one call per run of equal
+    lengths. None where it does not apply (no library, not fp32 on the CPU, a gradient to keep, a sequence longer
+    than ``attention_max_length()``, a bias table not for these heads or this length); the caller then runs SDPA."""
     lib = library()
     if lib is None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.requires_grad \
             or qkv.dim() != 2 or qkv.shape[1] % (3 * heads) or longest > _for_build(ATTENTION_MAX_LENGTHS, lib):
+        return None
+    arguments = _bias_arguments(bias, heads, longest, lib)
+    if arguments is None:
         return None
     qkv = qkv.contiguous()
     hidden = qkv.shape[1] // 3
     out = qkv.new_empty(qkv.shape[0], hidden)
     starts = starts.to(torch.int64).contiguous()
     lib.ek_attention(qkv.data_ptr(), out.data_ptr(), starts.data_ptr(), starts.shape[0] - 1, heads, hidden // heads,
-                     scale, torch.get_num_threads())
+                     scale, *arguments, torch.get_num_threads())
     return out
+
+
+def bias_layout(position_bias: nn.Module, longest: int) -> torch.Tensor | None:
+    """An attention bias by relative position (``modeling.attention.RelativePositionBias``: MPNet's) laid out for
+    the kernel, for sequences of up to ``longest`` tokens: (heads, 2 * span - 1 + lanes), span the power of two
+    from ``longest`` (at least 16, so that few lengths share few layouts), one row a head by query - key + span - 1,
+    then the build's vector lanes of zeros (read past the last query, unused). None where the library is not
+    built."""
+    lib = library()
+    if lib is None:
+        return None
+    span = max(16, 1 << (max(longest, 1) - 1).bit_length())
+    with torch.no_grad():
+        return position_bias.by_distance(span, pad=lib.ek_vector_width()).float().contiguous()
+
+
+def _bias_arguments(bias: torch.Tensor | None, heads: int, longest: int, lib: ctypes.CDLL) -> tuple | None:
+    """``ek_encode``'s and ``ek_attention``'s bias, row length and centre for a ``bias_layout`` table (null, 0, 0
+    without one), or None where the table does not fit: not fp32 on the CPU, not a row a head, too short."""
+    if bias is None:
+        return None, 0, 0
+    width = lib.ek_vector_width()
+    center = (bias.shape[-1] - width - 1) // 2
+    if bias.dtype != torch.float32 or bias.device.type != "cpu" or bias.dim() != 2 or bias.shape[0] != heads \
+            or not bias.is_contiguous() or center < longest - 1:
+        return None
+    return bias.data_ptr(), bias.shape[1], center
 
 
 def attention_max_length() -> int:
@@ -201,8 +234,6 @@ def eligible(encoder: nn.Module) -> str | None:
         return "norms other than LayerNorm"
     if encoder.conv is not None:
         return "a convolution beside the first layer"
-    if encoder.position_bias is not None:
-        return "a relative position bias (MPNet)"
     for layer in encoder.layers:
         if layer.glu or layer.activation.name not in ACTIVATIONS:
             return f"the activation {layer.activation.name}{' (GLU)' if layer.glu else ''}"
@@ -241,6 +272,8 @@ class NativeEncoder:
         self.activation = ACTIVATIONS[encoder.layers[0].activation.name]
         self.schedule = encoder.layer_schedule()
         self.native_embeddings = encoder.embeddings.projection is None  # else not of the hidden size
+        self.position_bias = encoder.position_bias  # MPNet's attention bias by relative position, or None
+        self.bias_tables: dict[int, torch.Tensor] = {}  # its layout for the kernel, by span (``_bias_table``)
         self.tables: dict[str, int | float | None] = {}
         # (layer, product) -> the int8 product for_inference made, where it made one
         made = {(index, name): product for index, products in enumerate(plan.layers)
@@ -266,7 +299,17 @@ class NativeEncoder:
         return _int8_linear(self.lib, int8.quantized, int8.scales, int8.bias, int8.inverse_smoothing)
 
     def _parameters(self) -> list[torch.Tensor]:
-        return list(self.encoder.layers.parameters()) + list(self.encoder.embeddings.parameters())
+        bias = [] if self.position_bias is None else list(self.position_bias.parameters())
+        return list(self.encoder.layers.parameters()) + list(self.encoder.embeddings.parameters()) + bias
+
+    def _bias_table(self, longest: int) -> torch.Tensor:
+        """The position bias laid out for sequences of up to ``longest`` tokens (``bias_layout``), made once per
+        span and kept until the weights change (``_rebuild``)."""
+        span = max(16, 1 << (longest - 1).bit_length())
+        table = self.bias_tables.get(span)
+        if table is None:
+            table = self.bias_tables[span] = bias_layout(self.position_bias, longest)
+        return table
 
     def _stale(self) -> bool:
         """Whether a parameter changed in place or was replaced on its module (``parameters_registered``), or an
@@ -298,6 +341,7 @@ class NativeEncoder:
         for product in self.int8.values():
             product._refresh()
         self.codes = [p.quantized for p in self.int8.values()]
+        self.bias_tables = {}
         per_layer, tensors = [], []
         h, inter = self.hidden, self.inter
         with torch.no_grad():
@@ -363,11 +407,17 @@ class NativeEncoder:
             x = self.encoder.embeddings(input_ids, token_type_ids, position_ids).contiguous()
             embedding = None
         starts = starts.to(torch.int64).contiguous()
+        table = None
+        if self.position_bias is not None:
+            table = self._bias_table(int((starts[1:] - starts[:-1]).max()))
+            keep.append(table)
+        bias, stride, center = _bias_arguments(table, self.heads, 0, self.lib)  # the kernel checks the length
         threads = self.team.pick(tokens, torch.get_num_threads())  # fewer where other processes hold the cores
         started = time.perf_counter()
         code = self.lib.ek_encode(x.data_ptr(), embedding, tokens, self.hidden, self.heads, self.inter,
                                   len(self.schedule), ctypes.byref(layers), starts.data_ptr(),
-                                  starts.shape[0] - 1, self.activation, self.eps, self.scale, threads)
+                                  starts.shape[0] - 1, self.activation, self.eps, self.scale, bias, stride, center,
+                                  threads)  # a table too short for the batch: -2, nothing computed
         self.team.record(tokens, threads, time.perf_counter() - started)
         return x if code == 0 else None
 
@@ -526,6 +576,6 @@ def reset(model: nn.Module) -> None:
 
 
 __all__ = ["ATTENTION_MAX_LENGTHS", "BATCH_MAX_TOKENS", "FP32_MAX_TOKENS", "INT8_MAX_LENGTHS", "MAX_TOKENS",
-           "NativeEncoder", "attention", "attention_max_length", "disable", "eligible", "fp32_max_tokens",
-           "fp32_product", "int8_available", "int8_max_length", "int8_product", "int8_weight_limit", "kernel_of",
-           "library", "native_forward", "reset", "status"]
+           "NativeEncoder", "attention", "attention_max_length", "bias_layout", "disable", "eligible",
+           "fp32_max_tokens", "fp32_product", "int8_available", "int8_max_length", "int8_product",
+           "int8_weight_limit", "kernel_of", "library", "native_forward", "reset", "status"]

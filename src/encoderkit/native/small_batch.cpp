@@ -447,6 +447,11 @@ struct Attention {
   const int64_t* starts;  // (sequences + 1,)
   int sequences, heads, dim, hidden, longest;
   float scale;
+  // An additive bias by relative position (MPNet's), or null: query i and key j of head h get
+  // bias[h * bias_stride + bias_center + i - j]; bias_center >= longest - 1, and each head's row holds at least
+  // bias_center + longest + VW - 1 values (the lanes past the last query read, unused, up to VW - 1 more).
+  const float* bias;
+  int bias_stride, bias_center;
 };
 
 // Per (sequence, head), with the queries across the vector lanes: the scores are held transposed, a row per key and
@@ -585,6 +590,13 @@ void attention_part(const Attention& a, int part, int parts) {
         }
       }
       for (; i < columns; i += VW) scores_block<KR, 1>(rows, qt, columns, i, dim, row, count);
+    }
+    if (a.bias != nullptr) {  // key j's row, query i's lane: + bias by i - j, contiguous in i
+      const float* table = a.bias + (size_t)h * a.bias_stride + a.bias_center;
+      for (int j = 0; j < n; j++) {
+        float* row = ST + (size_t)j * columns;
+        for (int i = 0; i < columns; i += VW) storeu(row + i, loadu(row + i) + loadu(table - j + i));
+      }
     }
     // each query's softmax over its keys, down the rows, VW queries at a time: the maximum, then exp and the sum
     // (in key order, a chain a lane); the division waits for the output's store (values_block)
@@ -732,7 +744,7 @@ extern "C" {
 
 // The interface's version (loader.py's ABI_VERSION) and the sizes of the structs that Python mirrors: a library
 // built from other sources than the Python beside it is refused at load, not read with the wrong layout.
-int ek_abi_version() { return 1; }
+int ek_abi_version() { return 2; }
 
 void ek_struct_sizes(int64_t* out) {
   out[0] = sizeof(Embedding);
@@ -789,12 +801,15 @@ void ek_product(const void* linear, const float* x, float* y, int M, int N, int 
 }
 
 // Attention alone, for the PyTorch layers' inference: packed (T, 3H) q | k | v -> (T, H), each sequence (rows
-// starts[s] to starts[s + 1]) attending within itself, on ``threads`` threads.
+// starts[s] to starts[s + 1]) attending within itself, with the bias by relative position where ``bias`` is given
+// (see Attention; the caller checks bias_center against the longest sequence), on ``threads`` threads.
 void ek_attention(const float* qkv, float* out, const int64_t* starts, int sequences, int heads, int dim, float scale,
-                  int threads) {
+                  const float* bias, int bias_stride, int bias_center, int threads) {
   int longest = 0;
   for (int s = 0; s < sequences; s++) longest = std::max(longest, (int)(starts[s + 1] - starts[s]));
-  const Attention attention{qkv, out, starts, sequences, heads, dim, heads * dim, longest, scale};
+  if (bias != nullptr && bias_center < longest - 1) return;
+  const Attention attention{qkv, out, starts, sequences, heads, dim, heads * dim, longest, scale, bias, bias_stride,
+                            bias_center};
   threads = std::max(1, std::min(threads, sequences * heads));
 #pragma omp parallel num_threads(threads)
   attention_part(attention, omp_get_thread_num(), omp_get_num_threads());
@@ -802,9 +817,11 @@ void ek_attention(const float* qkv, float* out, const int64_t* starts, int seque
 
 // One call: the embeddings (where ``embedding`` is given) and every layer. x: (T, H) out (and in, the embeddings'
 // output, where ``embedding`` is null). layers: one ``Layer`` per layer run, in order. starts: (sequences + 1,)
-// first row of each sequence. Returns 0, or -1 (nothing computed) where an id is outside its embedding table.
+// first row of each sequence. bias: every layer's attention bias by relative position, or null (see Attention).
+// Returns 0, or -1 (nothing computed) where an id is outside its embedding table.
 int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inter, int count, const void* layers,
-              const int64_t* starts, int sequences, int activation, float eps, float scale, int threads) {
+              const int64_t* starts, int sequences, int activation, float eps, float scale, const float* bias,
+              int bias_stride, int bias_center, int threads) {
   const Embedding* e = (const Embedding*)embedding;
   if (e != nullptr && check_embedding(*e, T) != 0) return -1;
   const int dim = H / heads;
@@ -815,7 +832,9 @@ int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inte
   int longest = 0;
   for (int s = 0; s < sequences; s++) longest = std::max(longest, (int)(starts[s + 1] - starts[s]));
   threads = std::max(1, std::min(threads, (H + VW - 1) / VW / 2));  // at least a pair of panels each
-  const Attention attention{qkv, context, starts, sequences, heads, dim, H, longest, scale};
+  if (bias != nullptr && bias_center < longest - 1) return -2;  // a table too short for this batch
+  const Attention attention{qkv, context, starts, sequences, heads, dim, H, longest, scale, bias, bias_stride,
+                            bias_center};
   // OpenMP, in the libgomp torch has loaded (the same SONAME): the caller's thread drives the same team as its torch
   // ops, so no second set of threads competes with torch's for the cores.
 #pragma omp parallel num_threads(threads)
