@@ -346,8 +346,10 @@ def test_fp32_product_in_several_chunks_of_rows_is_within_its_rounding_bound():
     assert np.all(np.abs(got - want) <= bound), f"off by {np.abs(got - want).max():.3g}"
 
 
-def float64_attention(qkv: np.ndarray, starts: list[int], heads: int, scale: float) -> np.ndarray:
-    """softmax(q k^T * scale) v of each sequence and head, in float64: the definition, for the kernel's attention."""
+def float64_attention(qkv: np.ndarray, starts: list[int], heads: int, scale: float,
+                      bias: np.ndarray | None = None) -> np.ndarray:
+    """softmax(q k^T * scale + bias) v of each sequence and head, in float64: the definition, for the kernel's
+    attention; ``bias[h, span - 1 + i - j]`` for query i and key j (span: ``bias``'s centre + 1), or none."""
     hidden = qkv.shape[1] // 3
     dim = hidden // heads
     out = np.zeros((qkv.shape[0], hidden))
@@ -356,6 +358,9 @@ def float64_attention(qkv: np.ndarray, starts: list[int], heads: int, scale: flo
             q, k, v = (qkv[first:last, part * hidden + h * dim:part * hidden + (h + 1) * dim].astype(np.float64)
                        for part in range(3))
             scores = q @ k.T * scale
+            if bias is not None:
+                n, center = last - first, (bias.shape[1] - 1) // 2
+                scores = scores + bias[h][center + np.arange(n)[:, None] - np.arange(n)[None, :]]
             probs = np.exp(scores - scores.max(axis=1, keepdims=True))
             out[first:last, h * dim:(h + 1) * dim] = probs / probs.sum(axis=1, keepdims=True) @ v
     return out
@@ -386,6 +391,27 @@ def test_attention_equals_float64_attention(dim, threads):
     for first, last, n in zip(starts[:-1], starts[1:], lengths):
         diff = np.abs(got.numpy()[first:last] - want[first:last]).max()
         assert diff <= 1e-5, f"a sequence of {n} tokens (head size {dim}): off by {diff:.3g}"
+
+
+def test_attention_with_a_bias_by_relative_position_equals_its_definition():
+    """A bias by query - key (MPNet's kind; random values per head and distance, so a wrong sign or offset is off)
+    added to the scores, against the float64 definition; a table too short for the longest sequence is refused,
+    whether the caller says the true length or a shorter one."""
+    heads, dim, generator = 3, 20, np.random.default_rng(11)
+    lengths = [1, 9, 33, 100]
+    starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    qkv = generator.standard_normal((starts[-1], 3 * heads * dim)).astype(np.float32)
+    span = 128
+    values = generator.standard_normal((heads, 2 * span - 1)).astype(np.float32)
+    width = native.library().ek_vector_width()
+    table = torch.from_numpy(np.pad(values, ((0, 0), (0, width))))  # bias_layout's layout: the lanes after
+    got = native.attention(torch.from_numpy(qkv), torch.tensor(starts), heads, 0.4, max(lengths), table)
+    assert got is not None, f"the kernel's attention declined: {native.status()}"
+    want = float64_attention(qkv, starts, heads, 0.4, values.astype(np.float64))
+    assert np.abs(got.numpy() - want).max() <= 1e-5, f"off by {np.abs(got.numpy() - want).max():.3g}"
+    short = torch.from_numpy(np.pad(values[:, span - 64:span + 63], ((0, 0), (0, width))))  # span 64 < 100
+    assert native.attention(torch.from_numpy(qkv), torch.tensor(starts), heads, 0.4, max(lengths), short) is None
+    assert native.attention(torch.from_numpy(qkv), torch.tensor(starts), heads, 0.4, 50, short) is None
 
 
 def test_attention_output_dimensions_are_the_same_sums_wherever_they_lie():

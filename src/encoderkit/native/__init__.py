@@ -150,9 +150,9 @@ def attention(qkv: torch.Tensor, starts: torch.Tensor, heads: int, scale: float,
     hidden = qkv.shape[1] // 3
     out = qkv.new_empty(qkv.shape[0], hidden)
     starts = starts.to(torch.int64).contiguous()
-    lib.ek_attention(qkv.data_ptr(), out.data_ptr(), starts.data_ptr(), starts.shape[0] - 1, heads, hidden // heads,
-                     scale, *arguments, torch.get_num_threads())
-    return out
+    code = lib.ek_attention(qkv.data_ptr(), out.data_ptr(), starts.data_ptr(), starts.shape[0] - 1, heads,
+                            hidden // heads, scale, *arguments, torch.get_num_threads())
+    return out if code == 0 else None  # -2: a sequence longer than ``longest`` said, past the bias table
 
 
 def bias_layout(position_bias: nn.Module, longest: int) -> torch.Tensor | None:
@@ -164,9 +164,13 @@ def bias_layout(position_bias: nn.Module, longest: int) -> torch.Tensor | None:
     lib = library()
     if lib is None:
         return None
-    span = max(16, 1 << (max(longest, 1) - 1).bit_length())
     with torch.no_grad():
-        return position_bias.by_distance(span, pad=lib.ek_vector_width()).float().contiguous()
+        return position_bias.by_distance(_bias_span(longest), pad=lib.ek_vector_width()).float().contiguous()
+
+
+def _bias_span(longest: int) -> int:
+    """The span of ``bias_layout``'s table for sequences of up to ``longest`` tokens."""
+    return max(16, 1 << (max(longest, 1) - 1).bit_length())
 
 
 def _bias_arguments(bias: torch.Tensor | None, heads: int, longest: int, lib: ctypes.CDLL) -> tuple | None:
@@ -305,7 +309,7 @@ class NativeEncoder:
     def _bias_table(self, longest: int) -> torch.Tensor:
         """The position bias laid out for sequences of up to ``longest`` tokens (``bias_layout``), made once per
         span and kept until the weights change (``_rebuild``)."""
-        span = max(16, 1 << (longest - 1).bit_length())
+        span = _bias_span(longest)
         table = self.bias_tables.get(span)
         if table is None:
             table = self.bias_tables[span] = bias_layout(self.position_bias, longest)

@@ -200,7 +200,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ek_encode": ([pointer, pointer, integer, integer, integer, integer, integer, pointer, pointer, integer,
                        integer, single, single, pointer, integer, integer, integer], integer),
         "ek_attention": ([pointer, pointer, pointer, integer, integer, integer, single, pointer, integer, integer,
-                          integer], None),
+                          integer], integer),
         "ek_vector_width": ([], integer),
         "ek_int8": ([], integer),
         "ek_phases": ([pointer], integer),

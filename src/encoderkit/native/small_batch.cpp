@@ -802,23 +802,26 @@ void ek_product(const void* linear, const float* x, float* y, int M, int N, int 
 
 // Attention alone, for the PyTorch layers' inference: packed (T, 3H) q | k | v -> (T, H), each sequence (rows
 // starts[s] to starts[s + 1]) attending within itself, with the bias by relative position where ``bias`` is given
-// (see Attention; the caller checks bias_center against the longest sequence), on ``threads`` threads.
-void ek_attention(const float* qkv, float* out, const int64_t* starts, int sequences, int heads, int dim, float scale,
-                  const float* bias, int bias_stride, int bias_center, int threads) {
+// (see Attention), on ``threads`` threads. Returns 0, or -2 (nothing computed) where the bias table is too short for
+// the longest sequence.
+int ek_attention(const float* qkv, float* out, const int64_t* starts, int sequences, int heads, int dim, float scale,
+                 const float* bias, int bias_stride, int bias_center, int threads) {
   int longest = 0;
   for (int s = 0; s < sequences; s++) longest = std::max(longest, (int)(starts[s + 1] - starts[s]));
-  if (bias != nullptr && bias_center < longest - 1) return;
+  if (bias != nullptr && bias_center < longest - 1) return -2;
   const Attention attention{qkv, out, starts, sequences, heads, dim, heads * dim, longest, scale, bias, bias_stride,
                             bias_center};
   threads = std::max(1, std::min(threads, sequences * heads));
 #pragma omp parallel num_threads(threads)
   attention_part(attention, omp_get_thread_num(), omp_get_num_threads());
+  return 0;
 }
 
 // One call: the embeddings (where ``embedding`` is given) and every layer. x: (T, H) out (and in, the embeddings'
 // output, where ``embedding`` is null). layers: one ``Layer`` per layer run, in order. starts: (sequences + 1,)
 // first row of each sequence. bias: every layer's attention bias by relative position, or null (see Attention).
-// Returns 0, or -1 (nothing computed) where an id is outside its embedding table.
+// Returns 0, -1 (nothing computed) where an id is outside its embedding table, or -2 (nothing computed) where the
+// bias table is too short for the longest sequence.
 int ek_encode(float* x, const void* embedding, int T, int H, int heads, int inter, int count, const void* layers,
               const int64_t* starts, int sequences, int activation, float eps, float scale, const float* bias,
               int bias_stride, int bias_center, int threads) {
