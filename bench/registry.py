@@ -70,6 +70,8 @@ ENTRIES = (
           "layers", renders=("kernel_batches",)),
     Entry("int8_lengths", "speed", "Which int8 batches the native kernel takes: it against PyTorch's int8 by length",
           renders=("int8_lengths",)),
+    Entry("int8_batches", "speed", "int8 vectors against fp32 by batch size, against the int8 guard's verdict",
+          renders=("int8_batches",)),
     Entry("latency_contention", "speed", "Single-text latency beside busy processes: the kernel's team size"),
     Entry("refactor_speed", "speed", "Embedding speed before and after a refactor, both versions in one run"),
     Entry("long_context", "speed", "Long context: a ModernBERT-base shape from 512 to 8,192 tokens", needs=()),
