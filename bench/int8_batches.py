@@ -26,6 +26,7 @@ import torch
 from common import SHARED, require, smoke_size, write_result
 
 THREADS = 2
+DEFAULT_NAME = "all-MiniLM-L6-v2 (the default model)"
 
 
 def cosines(embedder, reference: np.ndarray, texts: list[str], batch_size: int) -> np.ndarray:
@@ -79,7 +80,7 @@ def main() -> None:
     command = "python bench/int8_batches.py" + (f" --model {args.model}" if args.model else "") + \
         f" --texts {args.texts} --batch-sizes {' '.join(map(str, args.batch_sizes))}" + \
         (f" --result {args.result}" if args.result != "int8_batches" else "")
-    write_result(args.result, {"model": Path(model_dir).name, "texts": len(texts), "threads": THREADS,
+    write_result(args.result, {"model": Path(model_dir).name if args.model else DEFAULT_NAME, "texts": len(texts), "threads": THREADS,
                                "native": native.status(), "rows": rows, "command": command, "goals": goals,
                                "guard": {"ok": guard.ok, "mean_cosine": guard.mean_cosine,
                                          "worst_cosine": guard.worst_cosine, "texts": guard.texts}},
@@ -90,7 +91,8 @@ def render(r: dict[str, Any]) -> list[str]:
     from report import _table
 
     g = r["guard"]
-    lines = [f"### int8 vectors against fp32 by batch size: {r['model']} (`bench/int8_batches.py`)", "",
+    model = DEFAULT_NAME if r["model"] == "model" else r["model"]  # the default model's directory is named "model"
+    lines = [f"### int8 vectors against fp32 by batch size: {model} (`bench/int8_batches.py`)", "",
              f"{r['texts']:,} texts of sentences.txt, {r['threads']} threads; each text's cosine between its int8 "
              "vector at each batch size and its fp32 vector. int8 quantises each product's input with one scale "
              "for the whole packed batch, so a text with outlier activations coarsens its neighbours. The native "
