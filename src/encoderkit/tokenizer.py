@@ -8,12 +8,13 @@ tokenizers from text files and saves them so transformers loads them back.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -100,6 +101,13 @@ class _Turns:
             self.waiting += 1
             self.condition.wait()
             self.waiting -= 1
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Holds ``condition`` once no call is encoding: for a change to the shared backend."""
+        with self.condition:
+            self.wait()
+            yield
 
     def leave(self) -> None:
         with self.condition:
@@ -292,8 +300,7 @@ class Tokenizer:
 
         added = [t if isinstance(t, AddedToken) else AddedToken(str(t), normalized=True, special=False)
                  for t in tokens]
-        with self._turns.condition:
-            self._turns.wait()
+        with self._turns.alone():
             return self.backend.add_tokens(added)
 
     def token_id(self, role: str) -> int | None:
@@ -475,8 +482,7 @@ class Tokenizer:
         """Write tokenizer.json, the vocabulary files and tokenizer_config.json (loadable by transformers)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        with self._turns.condition:  # no call may be encoding under the settings cleared here
-            self._turns.wait()
+        with self._turns.alone():  # no call may be encoding under the settings cleared here
             self.backend.no_truncation()
             self.backend.no_padding()
             self._configured = None

@@ -389,9 +389,11 @@ class NativeEncoder:
         self.versions = versions
 
     def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                 position_ids: torch.Tensor | None, starts: torch.Tensor) -> torch.Tensor | None:
+                 position_ids: torch.Tensor | None, starts: torch.Tensor,
+                 longest: int | None = None) -> torch.Tensor | None:
         """(tokens,) ids laid out from ``starts`` ((sequences + 1,) first rows) -> the last layer's (tokens, hidden)
-        states; None where an id lies outside its table (the PyTorch path then says which)."""
+        states; None where an id lies outside its table (the PyTorch path then says which). ``longest``: the longest
+        sequence's tokens where the caller knows it (the packing does), else found from ``starts`` where needed."""
         self._refresh()
         self.ran = True
         # this call's layout and the tensors it points into, held until the kernel returns: a layout made again
@@ -413,15 +415,16 @@ class NativeEncoder:
         starts = starts.to(torch.int64).contiguous()
         table = None
         if self.position_bias is not None:
-            table = self._bias_table(int((starts[1:] - starts[:-1]).max()))
+            longest = int((starts[1:] - starts[:-1]).max()) if longest is None else longest
+            table = self._bias_table(longest)
             keep.append(table)
-        bias, stride, center = _bias_arguments(table, self.heads, 0, self.lib)  # the kernel checks the length
+        bias, stride, center = _bias_arguments(table, self.heads, longest or 0, self.lib)  # fits: made for it
         threads = self.team.pick(tokens, torch.get_num_threads())  # fewer where other processes hold the cores
         started = time.perf_counter()
         code = self.lib.ek_encode(x.data_ptr(), embedding, tokens, self.hidden, self.heads, self.inter,
                                   len(self.schedule), ctypes.byref(layers), starts.data_ptr(),
                                   starts.shape[0] - 1, self.activation, self.eps, self.scale, bias, stride, center,
-                                  threads)  # a table too short for the batch: -2, nothing computed
+                                  threads)  # a ``longest`` said too short for the batch: -2, nothing computed
         self.team.record(tokens, threads, time.perf_counter() - started)
         return x if code == 0 else None
 
@@ -536,7 +539,7 @@ def native_forward(encoder: nn.Module, input_ids: torch.Tensor, token_type_ids: 
         return None
     if plan.quantized and plan.calibrating():
         return None
-    return plan(input_ids, token_type_ids, position_ids, packing.cu_seqlens)
+    return plan(input_ids, token_type_ids, position_ids, packing.cu_seqlens, packing.max_length)
 
 
 _said: set[str] = set()
