@@ -1,9 +1,10 @@
 """How far int8 vectors are from fp32 ones when texts share a batch, against what the int8 guard measured.
 
-int8 products quantise each product's input rows with one scale and zero point for the whole matrix (the packed
-batch: ``modeling.inference.Int8Prepacked``, and the native kernel's ``quantize``), so one text with outlier
-activations coarsens every text in its batch. The int8 guard (``encoderkit.quantization``) measures its 40 short
-calibration texts in one batch when the model is prepared. This script encodes N texts of ../shared/bench/sentences.txt
+int8 products quantise each product's input rows each with its own scale and zero point (``modeling.int8_rows``,
+and the native kernel's ``quantize``), so a text's int8 vector should not depend on its batch. Until they did (one
+scale and zero point for the whole packed batch), one text with outlier activations coarsened every text in its
+batch: this script measured that. The int8 guard (``encoderkit.quantization``) measures its 40 short calibration
+texts in one batch when the model is prepared. This script encodes N texts of ../shared/bench/sentences.txt
 in int8 at several batch sizes, through the engine's default path (the native kernel where it applies) and through
 the PyTorch int8 layers (``native.disable``), and gives each text's cosine to its fp32 vector (fp32: batches of 32;
 fp32 is the same at any batch size to 1e-6). Reported: mean, worst, and how many texts fall under the guard's
@@ -27,6 +28,8 @@ from common import SHARED, require, smoke_size, write_result
 
 THREADS = 2
 DEFAULT_NAME = "all-MiniLM-L6-v2 (the default model)"
+OLD_SCHEME = "int8 quantised each product's input with one scale for the whole packed batch"  # results before
+SCHEME = "int8 quantises each row of a product's input (each token) with its own scale and zero point"
 
 
 def cosines(embedder, reference: np.ndarray, texts: list[str], batch_size: int) -> np.ndarray:
@@ -79,6 +82,7 @@ def main() -> None:
     for goal in goals:
         print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'not met'}")
     write_result(args.result, {"model": Path(model_dir).name if args.model else DEFAULT_NAME, "texts": len(texts),
+                               "scheme": SCHEME,
                                "threads": THREADS, "native": native.status(), "rows": rows, "goals": goals,
                                "guard": {"ok": guard.ok, "mean_cosine": guard.mean_cosine,
                                          "worst_cosine": guard.worst_cosine, "texts": guard.texts}},
@@ -92,8 +96,9 @@ def render(r: dict[str, Any]) -> list[str]:
     model = DEFAULT_NAME if r["model"] == "model" else r["model"]  # the default model's directory is named "model"
     lines = [f"### int8 vectors against fp32 by batch size: {model} (`bench/int8_batches.py`)", "",
              f"{r['texts']:,} texts of sentences.txt, {r['threads']} threads; each text's cosine between its int8 "
-             "vector at each batch size and its fp32 vector. int8 quantises each product's input with one scale "
-             "for the whole packed batch, so a text with outlier activations coarsens its neighbours. The native "
+             "vector at each batch size and its fp32 vector. "
+             f"{r.get('scheme', OLD_SCHEME)}. "
+             "The native "
              f"kernel: {r['native']}. The int8 guard, when the model was prepared: mean {g['mean_cosine']:.4f}, worst "
              f"{g['worst_cosine']:.4f} on its {g['texts']} calibration texts ({'passed' if g['ok'] else 'warned'}).",
              ""]

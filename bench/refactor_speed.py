@@ -16,12 +16,13 @@ texts in turn) in the same ABBA order: their p50 in ms.
 ``--model`` and ``--shared`` name the model directory and the shared folder where the defaults are absent (a
 borrowed machine; a model carried with fp16 weights is widened to fp32 first, ``common.widened``); ``--result``
 the file under bench/results/ (default refactor_speed.json), so that a run on another CPU does not replace this
-one's.
+one's. ``--texts wikitext`` embeds long paragraphs instead (``TEXTS``): with a model that reads past 256 tokens
+(all-mpnet-base-v2: 384), their int8 batches run the PyTorch int8 layers, not the native kernel.
 
 The machine is shared: run it alone, e.g. ``flock /tmp/bench.lock python bench/refactor_speed.py``.
 
     python bench/refactor_speed.py [--repeats 5] [--before-rev 8ef4bb8 | --before-src DIR] [--after-src DIR]
-        [--model DIR] [--shared DIR] [--latency-calls 0] [--result refactor_speed]
+        [--model DIR] [--shared DIR] [--texts sentences | wikitext] [--latency-calls 0] [--result refactor_speed]
 """
 from __future__ import annotations
 
@@ -179,6 +180,22 @@ def before_source(args: argparse.Namespace) -> Iterator[Path]:
         tree.parent.rmdir()
 
 
+# --texts: what each choice embeds, and the file under the shared folder it reads
+TEXTS = {"sentences": ("the 2,000 texts of `../shared/bench/sentences.txt`", "bench/sentences.txt"),
+         "wikitext": ("the first 300 paragraphs of at least 1,000 characters of WikiText-2's test split "
+                      "(`../shared/data/wikitext2_raw/wiki.test.raw`): long texts, most past 256 tokens",
+                      "data/wikitext2_raw/wiki.test.raw")}
+
+
+def paragraphs(raw: Path, scratch: Path, count: int = 300, least: int = 1000) -> Path:
+    """The first ``count`` lines of WikiText's ``raw`` text of at least ``least`` characters (its paragraphs; its
+    headings are short lines), one a line in a file in ``scratch`` (the workers read a file)."""
+    lines = [line.strip() for line in raw.read_text(encoding="utf-8").splitlines() if len(line.strip()) >= least]
+    out = scratch / "paragraphs.txt"
+    out.write_text("\n".join(lines[:count]) + "\n", encoding="utf-8")
+    return out
+
+
 def first_lines(sentences: Path, scratch: Path) -> Path:
     """``sentences``, or in a smoke run a copy of its first 16 lines in ``scratch`` (the workers read a file)."""
     from common import SMOKE
@@ -262,6 +279,8 @@ def arguments() -> argparse.Namespace:
                         help="SST-2 rows of one timed fine-tuning run per version and repeat (0: none)")
     parser.add_argument("--model", help="the model directory (default: the default model)")
     parser.add_argument("--shared", help="the shared folder holding bench/sentences.txt (default: ../shared)")
+    parser.add_argument("--texts", choices=sorted(TEXTS), default="sentences",
+                        help="what to embed: " + "; ".join(f"{k}: {v[0]}" for k, v in sorted(TEXTS.items())))
     parser.add_argument("--result", default="refactor_speed", help="bench/results/<RESULT>.json")
     parser.add_argument("--revisions", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="the commits to record, where the src/ directories are not git checkouts")
@@ -288,7 +307,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)  # what write_result records as the machine's threads
     shared = Path(args.shared) if args.shared else SHARED
-    sentences = require(shared / "bench" / "sentences.txt")
+    sentences = require(shared / TEXTS[args.texts][1])
     sst2 = require(shared / "data" / "sst2" / "train.tsv") if args.finetune_rows else None
     steps: dict[str, list[float]] = {"before": [], "after": []}
     step_ratios: list[float] = []
@@ -300,7 +319,8 @@ def main() -> None:
     with before_source(args) as before_src, tempfile.TemporaryDirectory(prefix="refactor-speed-") as scratch:
         if args.model:
             args.model = str(widened(Path(args.model), Path(scratch)))
-        sentences = first_lines(sentences, Path(scratch))
+        sentences = first_lines(paragraphs(sentences, Path(scratch)) if args.texts == "wikitext" else sentences,
+                                Path(scratch))
         args.sst2 = sst2_files(sst2, args.finetune_rows, Path(scratch)) if sst2 else ""
         texts = len(sentences.read_text(encoding="utf-8").splitlines())
         sources = {"before": before_src, "after": after_src}
@@ -369,7 +389,7 @@ def main() -> None:
     for goal in goals:
         print(f"goal: {goal['goal']}: {goal['measured']} -> {'met' if goal['met'] else 'NOT MET'}")
     write_result(args.result, {
-        "texts": texts, "repeats": args.repeats, "order": "ABBA (before, after, after, before) per repeat and dtype",
+        "texts": texts, "text_source": TEXTS[args.texts][0], "repeats": args.repeats, "order": "ABBA (before, after, after, before) per repeat and dtype",
         "before": {"revision": revisions["before"], "rev_argument": None if args.before_src else args.before_rev},
         "after": {"revision": revisions["after"]}, "cpu_flags": flags, "rows": rows,
         "latency_calls": args.latency_calls, "finetune": finetune, "goals": goals, "command": "python bench/refactor_speed.py " + " ".join(sys.argv[1:]),

@@ -226,7 +226,8 @@ def render_refactor_speed(r: dict[str, Any]) -> list[str]:
     before, after = r["before"]["revision"], r["after"]["revision"]
     lines = [f"## Embedding speed before and after (`bench/refactor_speed.py`): {before} against {after}, "
              f"{r['machine']['threads']} threads, {r['machine']['cpu']}", "", _machine(r), "",
-             f"`Embedder.from_pretrained().encode()` on the {r['texts']:,} texts of `../shared/bench/sentences.txt`, "
+             f"`Embedder.from_pretrained().encode()` on "
+             f"{r.get('text_source', 'the ' + format(r['texts'], ',') + ' texts of `../shared/bench/sentences.txt`')}, "
              f"before (`{before}`) and after (`{after}`), each version in its own worker process, timed in "
              f"{r['repeats']} interleaved ABBA repeats (before, after, after, before). texts/s: median over the "
              "repeats; after/before: the speed ratio of each repeat (> 1: after is faster), median and each. "

@@ -49,17 +49,20 @@ def test_int8_matches_fp32_closely_for_every_family(family) -> None:
 
 def fake_quantised(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, levels: int) -> torch.Tensor:
     """The int8 product written out in fp32: weights per output channel (symmetric, codes -levels..levels),
-    activations per matrix (asymmetric uint8, one scale and zero point from the matrix's min and max)."""
+    activations per row (asymmetric uint8, each row's scale and zero point from its min and max, widened to
+    include 0)."""
     w_scale = weight.abs().amax(1, keepdim=True) / levels
     w_q = torch.round(weight / w_scale).clamp(-levels, levels) * w_scale
-    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    scale = (high - low) / 255
-    zero = round(-low / scale)
-    x_q = (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
-    return F.linear(x_q, w_q, bias)
+    rows = []
+    for row in x:
+        low, high = min(float(row.min()), 0.0), max(float(row.max()), 0.0)
+        scale = (high - low) / 255
+        zero = round(-low / scale)
+        rows.append((torch.clamp(torch.round(row / scale) + zero, 0, 255) - zero) * scale)
+    return F.linear(torch.stack(rows), w_q, bias)
 
 
-@pytest.mark.parametrize("rows", [14, 300])  # FBGEMM's kernel (few rows, with AVX512-VNNI) and oneDNN's
+@pytest.mark.parametrize("rows", [14, 300])
 def test_int8_products_equal_a_fake_quantised_reference(rows) -> None:
     """The kernel's product equals its own arithmetic written out in fp32, to fp32 rounding, on every CPU: 8-bit
     weight codes where the kernel sums exactly, 7-bit ones where it adds pairs in 16 bits."""
@@ -92,9 +95,9 @@ def test_the_weight_levels_follow_the_kernels_sums(monkeypatch) -> None:
     its extra bit; and a layer built where sums saturate has codes within -63..63."""
     from encoderkit.modeling import inference
 
-    exact = inference._sums_exactly("onednn")
+    exact = inference._sums_exactly()
     assert int8_weight_levels() == (127 if exact or not inference._int8_kernel_available() else 63)
-    monkeypatch.setattr(inference, "_sums_exactly", lambda engine: False)
+    monkeypatch.setattr(inference, "_sums_exactly", lambda: False)
     torch.manual_seed(3)
     layer = Int8Prepacked([torch.randn(32, 48)], [None], "seven")
     x = torch.randn(5, 48)
@@ -102,25 +105,78 @@ def test_the_weight_levels_follow_the_kernels_sums(monkeypatch) -> None:
     if inference._int8_kernel_available():
         assert layer.levels == 63 and int(layer.quantized.abs().max()) == 63
     assert (got - fake_quantised(x, layer.weight, None, layer.levels)).abs().max() < 1e-4 * got.abs().max()
-    assert layer.packed_small is None  # FBGEMM's small products only where both engines sum exactly
 
 
-def test_small_products_run_on_fbgemm_only_where_it_computes_as_onednn() -> None:
+def test_int8_products_of_a_row_do_not_depend_on_the_other_rows() -> None:
+    """Each row is quantised with its own scale and zero point: a row's product is the same alone, beside ordinary
+    rows, and beside a row of outliers a thousand times larger (which one scale for the matrix would let take the
+    resolution of every row), on the kernel this CPU takes and in the fp32 arithmetic."""
     from encoderkit.modeling import inference
 
-    torch.manual_seed(1)
-    weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
-    x = torch.randn(14, 64) * 2
-    layer = Int8Prepacked([weight], [bias], "test")
-    layer(x)
-    if layer.packed is None or not inference._fbgemm_for_small_products():
-        assert layer.packed_small is None
-    else:  # the same arithmetic: equal to fp32 rounding, at a tenth of the int8 error
-        small = torch.ops.quantized.linear_dynamic(x, layer.packed_small, False)
-        large = torch.ops.quantized.linear_dynamic(x, layer.packed, False)
-        assert (small - large).abs().max() < 1e-5 * large.abs().max()
-        assert (layer(x) - small).abs().max() == 0
-        assert (layer(x.repeat(20, 1))[:14] - large).abs().max() == 0  # 280 rows: oneDNN
+    torch.manual_seed(2)
+    weight, bias = torch.randn(48, 64) * 0.1, torch.randn(48)
+    layer = Int8Prepacked([weight], [bias], "rows")
+    x = torch.randn(6, 64)
+    outlier = torch.randn(1, 64) * 1000
+    alone = torch.cat([layer(row[None]) for row in x])
+    together = layer(torch.cat([x[:3], outlier, x[3:]]))
+    assert (together[[0, 1, 2, 4, 5, 6]] - alone).abs().max() <= 1e-6 * alone.abs().max()
+    exact = F.linear(x, weight, bias)
+    assert (alone - exact).abs().max() < 0.02 * exact.abs().max()  # the int8 error of ordinary rows
+    codes, scale, zero = inference.int8_rows.uint8_rows(x, None)
+    assert codes.min() == 0 and codes.max() == 255 and scale.shape == zero.shape == (6, 1)  # each row's full range
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_int8_rows_are_quantised_alike_natively_and_in_torch(native, monkeypatch) -> None:
+    """The native library's quantisation and rescaling (one pass each) give what the torch ops give, with
+    smoothing, on rows as skewed as after GELU; the torch ops run where the library is not built."""
+    from encoderkit.modeling import int8_rows
+
+    if not native:
+        monkeypatch.setattr(int8_rows, "_native", lambda: None)
+    elif int8_rows._native() is None:
+        pytest.skip("the native library is not built here (no compiler, or ENCODERKIT_NATIVE=0)")
+    torch.manual_seed(4)
+    x = torch.randn(37, 96) * 2 + 0.7
+    x[5] *= 40
+    inverse = torch.rand(96) * 3 + 0.25
+    codes, scale, zero = int8_rows.quantize_rows(x, inverse)
+    want, want_scale, want_zero = int8_rows.uint8_rows(x, inverse)
+    assert codes.dtype == torch.uint8 and torch.equal(codes.float(), want)
+    assert torch.equal(scale, want_scale.view(-1)) and torch.equal(zero.float(), want_zero.view(-1))
+    products, sums, bias = torch.randn(37, 24) * 50, torch.randn(24), torch.randn(24)
+    got = int8_rows.rescale_rows(products.clone(), scale, zero, sums, bias)
+    expected = (products - zero.double()[:, None] * sums.double()) * scale.double()[:, None] + bias.double()
+    assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_int8_vectors_do_not_depend_on_their_batch(kernel) -> None:
+    """A text's int8 states are the same encoded alone and in a batch of others (per-row activation scales), on
+    the native kernel and on the PyTorch int8 layers. With one scale per packed batch they moved by the int8 error
+    of whichever text had the widest range."""
+    from encoderkit import native
+
+    model = random_model("bert")
+    ids, types = random_sequences(model.config, [9, 23, 4, 17, 30, 12])
+    engine = engine_for(model, "int8", token_budget=256)
+    if not kernel:
+        native.disable(model)
+
+    def states(picked: list[int]) -> list[torch.Tensor]:
+        out = {}
+        for indices, hidden, packing in engine.run([ids[i] for i in picked], [types[i] for i in picked]):
+            out.update(zip(indices, hidden.split(packing.lengths.tolist())))
+        return [out[i] for i in range(len(picked))]
+
+    together = states(list(range(len(ids))))
+    if kernel and native.kernel_of(model) is None:
+        pytest.skip(f"the native kernel did not take the batch here: {native.status()}")
+    for i, batched in enumerate(together):
+        alone = states([i])[0]
+        assert (alone - batched).abs().max() <= 1e-5 * batched.abs().max(), i
+    assert (native.kernel_of(model) is None) != kernel
 
 
 def test_int8_prepared_model_still_trains_exactly_and_saves_the_same_state() -> None:

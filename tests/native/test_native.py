@@ -528,15 +528,16 @@ def kernel_codes(monkeypatch):
 def int8_by_formula(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, bias: np.ndarray,
                     inverse: np.ndarray | None) -> np.ndarray:
     """The int8 product written out from its definition, in numpy: rows (times the inverse smoothing, in fp32)
-    quantised to uint8 with one scale (range / 255, the range widened to include 0) and zero point for the
-    matrix, rounded half to even; exact integer dot products with the codes; then scaled, in float64."""
+    quantised to uint8, each row with its own scale (its range / 255, the range widened to include 0) and zero
+    point, rounded half to even; exact integer dot products with the codes; then scaled, in float64."""
     rows = x if inverse is None else (x * inverse).astype(np.float32)
-    low, high = min(float(rows.min()), 0.0), max(float(rows.max()), 0.0)
-    scale = max(high - low, 1e-12) / 255
-    zero = int(min(max(round(-low / scale), 0), 255))
-    quantised = np.clip(np.rint(rows * np.float32(1.0 / scale)) + zero, 0, 255).astype(np.int64)
-    sums = (quantised - zero) @ codes.astype(np.int64).T
-    return sums * scale * scales.astype(np.float64) + bias
+    low = np.minimum(rows.min(axis=1, keepdims=True), 0.0).astype(np.float64)
+    high = np.maximum(rows.max(axis=1, keepdims=True), 0.0).astype(np.float64)
+    scale = np.maximum(high - low, 1e-12) / 255
+    zero = np.clip(np.rint(-low / scale), 0, 255)
+    quantised = np.clip(np.rint(rows * (1.0 / scale).astype(np.float32)) + zero, 0, 255).astype(np.int64)
+    sums = (quantised - zero.astype(np.int64)) @ codes.astype(np.int64).T
+    return sums * scale.astype(np.float32).astype(np.float64) * scales.astype(np.float64) + bias
 
 
 @needs_int8

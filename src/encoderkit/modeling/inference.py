@@ -12,7 +12,7 @@ instead of three narrow ones). The plan also holds the native kernel's layout of
 made at the first batch that takes it; a new ``for_inference`` makes a new plan, so nothing stale survives it.
 
 With ``int8=True`` the same layers multiply in int8 instead (``Int8Prepacked``: per-channel int8 weights,
-activations quantised per call), for inference only: a product that wants a gradient still runs in fp32.
+activations quantised per call and row), for inference only: a product that wants a gradient still runs in fp32.
 
 A packed copy remembers the version counters of the tensors it was made from, and which tensors its modules held,
 and is rebuilt when either changes: so a model that trains after ``for_inference``, or loads other weights (in place,
@@ -33,6 +33,8 @@ from torch import nn
 
 from ..errors import InputError
 from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
+from . import int8_rows
+from .registration import parameters_registered, replaced
 from .training_linear import linear as linear_product
 
 
@@ -72,30 +74,6 @@ def mkl_for_small_products() -> bool:
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
     return True
-
-
-# Parameters registered on any module of this process since encoderkit was imported, counted by torch's global
-# registration hook. A packed copy made from a module's parameters looks whether they are still the module's only when
-# the count moved: replacing one (``load_state_dict(assign=True)``, ``module.weight = nn.Parameter(...)``) registers
-# the new one, and walking a model's modules at every call would cost more than the call's Python.
-_REGISTERED = [0]
-
-
-def _count_registration(module: nn.Module, name: str, parameter: nn.Parameter | None) -> None:
-    _REGISTERED[0] += 1
-
-
-torch.nn.modules.module.register_module_parameter_registration_hook(_count_registration)
-
-
-def parameters_registered() -> int:
-    """How many parameters modules have registered since encoderkit was imported (see ``_REGISTERED``)."""
-    return _REGISTERED[0]
-
-
-def replaced(held: list[torch.Tensor], current: list[torch.Tensor]) -> bool:
-    """Whether ``current`` (a module's parameters now) are other tensors than ``held``, by identity."""
-    return len(held) != len(current) or any(a is not b for a, b in zip(held, current))
 
 
 class Prepacked:
@@ -197,59 +175,42 @@ class Prepacked:
 
 
 def _int8_kernel_available() -> bool:
-    return "onednn" in torch.backends.quantized.supported_engines
+    return "onednn" in torch.backends.quantized.supported_engines and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
-def _onednn_prepack(quantized: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-                    engine: str = "onednn") -> object:
-    """``engine``'s packed form of per-channel int8 weights, for ``torch.ops.quantized.linear_dynamic``."""
-    with warnings.catch_warnings():  # PyTorch deprecates quantised tensors, which its prepack still takes
-        warnings.simplefilter("ignore")
-        weight = torch._make_per_channel_quantized_tensor(quantized, scales.double(),
-                                                          torch.zeros(len(scales), dtype=torch.long), 0)
-    current = torch.backends.quantized.engine
-    torch.backends.quantized.engine = engine  # the engine packs; the packed weights keep their kernel
-    try:
-        return torch.ops.quantized.linear_prepack(weight, bias)
-    finally:
-        torch.backends.quantized.engine = current
+def _int8_prepack(quantized: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed form of (N, K) int8 weight codes, for ``_int8_product``."""
+    return torch.ops.onednn.qlinear_prepack(quantized, None)
 
 
-# Products of at most this many rows run on FBGEMM where it computes them exactly as oneDNN does (below).
-SMALL_PRODUCT_ROWS = 128
-
+def _int8_product(codes: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                  zero_points: torch.Tensor) -> torch.Tensor:
+    """oneDNN's int8 product of (M, K) uint8 ``codes`` (taken as they are: scale 1, zero point 0) with packed weight
+    codes -> (M, N) fp32 sums, each output times its weight scale."""
+    return torch.ops.onednn.qlinear_pointwise(codes, 1.0, 0, packed, scales, zero_points, None, 1.0, 0,
+                                              torch.float32, "none", [], "")
 
 
 @functools.lru_cache(maxsize=None)
-def _sums_exactly(engine: str) -> bool:
-    """Whether ``engine``'s dynamic int8 product sums u8 x s8 products without saturating, found by running the
-    worst case once (every activation code 255, every weight code 127) at a few row counts, since engines pick
-    kernels by shape. This asks the kernel itself, not the CPU's flags: the same CPU takes a saturating path under
-    ``ONEDNN_MAX_CPU_ISA=AVX2``, and FBGEMM uses VNNI only with AVX-512."""
-    if engine not in torch.backends.quantized.supported_engines:
+def _sums_exactly() -> bool:
+    """Whether oneDNN's int8 product sums u8 x s8 products without saturating, found by running the worst case once
+    (every activation code 255, every weight code 127) at a few row counts, since oneDNN picks kernels by shape.
+    This asks the kernel itself, not the CPU's flags: the same CPU takes a saturating path under
+    ``ONEDNN_MAX_CPU_ISA=AVX2``."""
+    if not _int8_kernel_available():
         return False
     depth, outputs = 64, 8
-    codes = torch.full((outputs, depth), EXACT_WEIGHT_LEVELS, dtype=torch.int8)
-    scales = torch.ones(outputs)
     try:
-        packed = _onednn_prepack(codes, scales, None, engine=engine)
+        packed = _int8_prepack(torch.full((outputs, depth), EXACT_WEIGHT_LEVELS, dtype=torch.int8))
     except RuntimeError:
         return False
+    exact = 255.0 * EXACT_WEIGHT_LEVELS * depth
     for rows in (1, 14, 200):
-        x = torch.zeros(rows, depth)
-        x[:, 1:] = 255.0  # min 0, max 255: scale 1, zero point 0, every code but the first 255
-        exact = 255.0 * EXACT_WEIGHT_LEVELS * (depth - 1)
-        out = torch.ops.quantized.linear_dynamic(x, packed, False)
+        codes = torch.full((rows, depth), 255, dtype=torch.uint8)
+        out = _int8_product(codes, packed, torch.ones(outputs), torch.zeros(outputs, dtype=torch.long))
         if float((out - exact).abs().max()) > 1e-3 * exact:
             return False
     return True
-
-
-def _fbgemm_for_small_products() -> bool:
-    """FBGEMM's dynamic int8 product costs less per call than oneDNN's at few rows (one short text) and more at
-    hundreds (bench/int8.py). It adds uint8 x int8 pairs into 16 bits unless the CPU has AVX512-VNNI, so it takes
-    the small products only where both engines sum exactly and so give the same numbers."""
-    return _sums_exactly("fbgemm") and _sums_exactly("onednn")
 
 
 def int8_weight_levels(device: torch.device | str = "cpu") -> int:
@@ -257,29 +218,27 @@ def int8_weight_levels(device: torch.device | str = "cpu") -> int:
     where it adds pairs in 16 bits. The fp32 emulation (a GPU, or PyTorch without oneDNN) is exact: 127."""
     if torch.device(device).type != "cpu" or not _int8_kernel_available():
         return EXACT_WEIGHT_LEVELS
-    return EXACT_WEIGHT_LEVELS if _sums_exactly("onednn") else PAIR_SUM_WEIGHT_LEVELS
+    return EXACT_WEIGHT_LEVELS if _sums_exactly() else PAIR_SUM_WEIGHT_LEVELS
 
 
 class Int8Prepacked(Prepacked):
     """Weights quantised to int8 per output channel (symmetric), multiplied with activations quantised to uint8
-    at each call (asymmetric: one scale and zero point per matrix, from its min and max), by PyTorch's dynamic
-    quantised linear on oneDNN (``torch.ops.quantized.linear_dynamic``): fp32 in and out, the bias added in
-    fp32. At these models' shapes it is the fastest of PyTorch's int8 products in batches (FBGEMM's, the x86
-    default engine, and ``onednn.qlinear_pointwise`` with plain int8 tensors were slower; bench/int8.py). Products
-    of few rows (one short text)
-    cost oneDNN more per call than FBGEMM, so with AVX512-VNNI those run on FBGEMM, the same arithmetic
-    (``_fbgemm_for_small_products``). Where PyTorch has no oneDNN the same arithmetic runs in fp32.
+    at each call, each row with its own scale and zero point from its min and max (asymmetric; per token, so that
+    a text's codes do not depend on the other texts of its batch: ``int8_rows``), by oneDNN's int8 product
+    (``onednn.qlinear_pointwise``) on the codes, each row's scale and zero point applied to its output after
+    (``int8_rows.rescale_rows``), and the bias in fp32. Where PyTorch has no oneDNN the same arithmetic runs in
+    fp32.
 
     Why this scheme (measured on all-MiniLM-L6-v2, STS-B dev, bench/int8.py): activations after LayerNorm and
-    GELU are skewed, so an asymmetric 8-bit range per matrix loses ~0.01 Spearman points, where a symmetric one
-    loses 0.30 and a 7-bit one (``reduce_range``, the default of ``torch.ao.quantization.quantize_dynamic``)
-    0.31-0.53. Without 8-bit dot-product instructions (VNNI: AVX2, early AVX-512) the kernels add u8 x s8 pairs
+    GELU are skewed, so an asymmetric 8-bit range loses less than a symmetric one (per matrix: ~0.01 Spearman
+    points against 0.30) or a 7-bit one (``reduce_range``, the default of ``torch.ao.quantization.quantize_dynamic``:
+    0.31-0.53). Without 8-bit dot-product instructions (VNNI: AVX2, early AVX-512) the kernels add u8 x s8 pairs
     into 16 bits, which saturates; there the weights take 7-bit codes (``int8_weight_levels``), whose pair sums
     fit, so the product is still exact to its own arithmetic.
 
-    Activation outliers (a few channels far larger than the rest) cost a per-matrix range most of its
-    resolution; ``smooth`` moves them into the weights (SmoothQuant), choosing per layer the strength that
-    loses least on the calibration rows it observed.
+    Activation outliers in a few channels (the same channels in every row, which a range per row does not help)
+    cost the range most of its resolution; ``smooth`` moves them into the weights (SmoothQuant), choosing per layer
+    the strength that loses least on the calibration rows it observed.
 
     ``errors``: when a list, each call also computes the fp32 product and appends the relative error of the int8
     one (the calibration of ``encoderkit.quantization``)."""
@@ -295,7 +254,6 @@ class Int8Prepacked(Prepacked):
         self.smoothing: torch.Tensor | None = None  # per input channel s: (x / s) times (W * s)
         self.inverse_smoothing: torch.Tensor | None = None
         self.alpha: float | None = None
-        self.packed_small = None  # FBGEMM's pack, for products of few rows (``_fbgemm_for_small_products``)
         self.levels = EXACT_WEIGHT_LEVELS  # the largest weight code (``int8_weight_levels``), set by ``_build``
 
     SAMPLE_ROWS = 512
@@ -331,17 +289,16 @@ class Int8Prepacked(Prepacked):
         self.bias = None if bias is None else bias.float().contiguous()
         self.levels = int8_weight_levels(self.weight.device)
         self.quantized, self.scales = _int8_weight(self.weight, self.smoothing, self.levels)
-        self.packed = self.packed_small = None
+        self.packed = None
         if self.weight.device.type == "cpu" and _int8_kernel_available():
             try:
-                self.packed = _onednn_prepack(self.quantized, self.scales, self.bias)
+                self.packed = _int8_prepack(self.quantized)
             except RuntimeError:  # an op missing from this build: the fp32 arithmetic
                 self.packed = None
-            if self.packed is not None and _fbgemm_for_small_products():
-                try:
-                    self.packed_small = _onednn_prepack(self.quantized, self.scales, self.bias, engine="fbgemm")
-                except RuntimeError:
-                    self.packed_small = None
+        if self.packed is not None:  # what int8_rows.rescale_rows takes
+            self.weight_sums = (self.quantized.float().sum(dim=1) * self.scales).contiguous()
+            self.weight_zero_points = torch.zeros(len(self.scales), dtype=torch.long)
+            self.bias_or_zeros = torch.zeros(len(self.scales)) if self.bias is None else self.bias
         # without the int8 kernel: the same arithmetic in fp32, with the weight dequantised once here
         self.dequantized = _dequantized(self.quantized, self.scales) if self.packed is None else None
 
@@ -362,10 +319,9 @@ class Int8Prepacked(Prepacked):
                 self.sample.append(rows[torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))[:room]])
             return F.linear(rows, self.weight, self.bias).reshape(*shape[:-1], -1)
         if self.packed is not None and rows.device.type == "cpu":
-            scaled = rows if self.inverse_smoothing is None else rows * self.inverse_smoothing
-            small = self.packed_small is not None and len(rows) <= SMALL_PRODUCT_ROWS
-            out = torch.ops.quantized.linear_dynamic(scaled.contiguous(), self.packed_small if small else self.packed,
-                                                     False)
+            codes, scale, zero = int8_rows.quantize_rows(rows, self.inverse_smoothing)
+            out = _int8_product(codes, self.packed, self.scales, self.weight_zero_points)
+            int8_rows.rescale_rows(out, scale, zero, self.weight_sums, self.bias_or_zeros)
         else:
             out = _int8_arithmetic(rows, self.dequantized, self.bias, self.inverse_smoothing)
         if self.errors is not None:
@@ -389,21 +345,10 @@ def _dequantized(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def _int8_arithmetic(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor | None,
                      inverse_smoothing: torch.Tensor | None) -> torch.Tensor:
-    """The int8 product computed in fp32: rows quantised to uint8 codes, times the dequantised int8 weight."""
-    codes, scale, zero_point = _uint8_rows(rows, inverse_smoothing)
-    return F.linear((codes - zero_point) * scale, dequantized, bias)
-
-
-def _uint8_rows(rows: torch.Tensor, inverse_smoothing: torch.Tensor | None) -> tuple[torch.Tensor, float, int]:
-    """Rows (divided by the smoothing) -> codes 0..255 (as floats), one scale and zero point for the matrix."""
-    levels = 255
-    if inverse_smoothing is not None:
-        rows = rows * inverse_smoothing
-    low, high = torch.aminmax(rows)
-    low, high = min(float(low), 0.0), max(float(high), 0.0)
-    scale = max(high - low, 1e-12) / levels
-    zero_point = min(max(round(-low / scale), 0), levels)
-    return torch.round(rows * (1.0 / scale)).add_(zero_point).clamp_(0, levels), scale, zero_point
+    """The int8 product computed in fp32: rows quantised to uint8 codes (``int8_rows.uint8_rows``), times the
+    dequantised int8 weight."""
+    codes, scale, zero = int8_rows.uint8_rows(rows, inverse_smoothing)
+    return F.linear((codes - zero) * scale, dequantized, bias)
 
 
 def _wants_grad(module: nn.Module, x: torch.Tensor) -> bool:

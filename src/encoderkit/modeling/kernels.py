@@ -1,5 +1,6 @@
 """The one module through which ``modeling/`` reaches the native library (``encoderkit.native``): the training
-kernels (attention probabilities, dropout, residual + dropout + LayerNorm, through ``library()``), the inference
+kernels (attention probabilities, dropout, residual + dropout + LayerNorm, through ``library()``), the int8
+products' quantisation of rows and rescaling of outputs (``int8_rows``, given ``library`` here), the inference
 kernel for short batches (``native_forward``) and the inference attention of longer ones (``native_attention``).
 Each returns None, or is not called, where the library is absent or declines, and the callers then run PyTorch's
 operations."""
@@ -10,11 +11,15 @@ from typing import Any
 import torch
 
 from .. import native
+from . import int8_rows
 
 
 def library() -> Any:
     """The loaded native library (ctypes), or None where it could not be built or loaded."""
     return native.library()
+
+
+int8_rows.use_library(library)
 
 
 def native_forward(encoder: torch.nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,

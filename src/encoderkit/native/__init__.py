@@ -12,8 +12,8 @@ its products, taking the rows in chunks that stay in the core's cache, were fast
 
 int8 (``dtype="int8"``): the linear layers ``for_inference`` made int8 (``modeling.inference.Int8Prepacked``: int8
 weights per output channel, SmoothQuant factors from the accuracy guard's calibration) run here as int8 products
-too, with the same arithmetic: each product's input rows, divided by the smoothing, quantised to uint8 with one scale
-and zero point for the matrix (its minimum and maximum), then summed exactly in 32 bits by 8-bit dot-product
+too, with the same arithmetic: each product's input rows, divided by the smoothing, quantised to uint8 with each
+row's own scale and zero point (its minimum and maximum), then summed exactly in 32 bits by 8-bit dot-product
 instructions (AVX512-VNNI, or AVX-VNNI on 256-bit vectors) and scaled back to fp32. Without those instructions see
 below. The guard's calibration itself runs the PyTorch layers, which observe and
 measure. For one short text it is several times faster than PyTorch's int8 kernels (bench/latency_floor.py).
@@ -70,7 +70,7 @@ import time
 import torch
 from torch import nn
 
-from ..modeling.inference import parameters_registered, replaced
+from ..modeling.registration import parameters_registered, replaced
 from ..precision import EXACT_WEIGHT_LEVELS, PAIR_SUM_WEIGHT_LEVELS
 from .loader import Embedding as _Embedding, Layer as _Layer, Linear as _Linear, library, status
 from .team import TeamSize
@@ -479,7 +479,7 @@ def fp32_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def int8_product(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                  inverse: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's int8 product alone, on the calling thread (tests, benchmarks): (M, K) fp32 rows times
-    ``inverse`` (1 / SmoothQuant factors, (K,)) quantised to uint8 with one scale and zero point, times the
+    ``inverse`` (1 / SmoothQuant factors, (K,)) quantised to uint8 with each row's scale and zero point, times the
     (N, K) int8 ``codes`` with their (N,) per-row ``scales``, plus ``bias`` -> (M, N) fp32."""
     lib = library()
     if lib is None or not lib.ek_int8():

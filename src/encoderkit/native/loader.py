@@ -39,7 +39,7 @@ HERE = Path(__file__).parent
 # The library: the encoder kernel, and kernels of the training step (dropout, the gradients' norm).
 SOURCES = tuple(HERE / name for name in ("small_batch.cpp", "training.cpp"))
 HEADERS = (HERE / "vector_math.h",)  # included by both; part of the build's hash
-ABI_VERSION = 2  # small_batch.cpp's ek_abi_version(): raise both together when the interface changes
+ABI_VERSION = 3  # small_batch.cpp's ek_abi_version(): raise both together when the interface changes
 
 
 class Embedding(ctypes.Structure):
@@ -197,6 +197,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ek_pack": ([pointer, pointer, integer, integer], None),
         "ek_pack_int8": ([pointer, pointer, pointer, integer, integer], None),
         "ek_product": ([pointer, pointer, pointer, integer, integer, integer], None),
+        "ek_quantize_rows": ([pointer, integer, integer, pointer, pointer, pointer, pointer, integer], None),
+        "ek_rescale_rows": ([pointer, integer, integer, pointer, pointer, pointer, pointer, integer], None),
         "ek_encode": ([pointer, pointer, integer, integer, integer, integer, integer, pointer, pointer, integer,
                        integer, single, single, pointer, integer, integer, integer], integer),
         "ek_attention": ([pointer, pointer, pointer, integer, integer, integer, single, pointer, integer, integer,

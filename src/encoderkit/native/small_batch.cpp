@@ -95,12 +95,14 @@ struct Product {
   const float* residual;  // (M, N) or null
   float* y;               // (M, N)
   int M, N, K, epilogue, activation;
-  // int8: the rows quantised (``quantize``), and the weights' scales and code sums
+  // int8: the rows quantised (``quantize``) with each row's scale and zero point, and the weights' scales and code
+  // sums
   const uint8_t* codes;   // (M, K4)
   const float* wscale;
   const int32_t* sums;
-  float xscale;
-  int zero, K4;
+  const float* xscale;    // (M,)
+  const int32_t* zero;    // (M,)
+  int K4;
 };
 
 // The activation or the residual applied to a row's VW columns from ``col``, and the store.
@@ -198,7 +200,16 @@ inline void block(const Product& g, int m0, int panel) {
 
 #if EK_INT8
 // The int8 block: four k at a time, the row's four codes broadcast against each column's four weight codes, summed
-// exactly in 32 bits; then y = (sum - zero * column code sum) * row scale * column scale + bias, in fp32.
+// exactly in 32 bits; then y = (sum - row zero point * column code sum) * row scale * column scale + bias, in fp32.
+template <int R>
+inline void qfinish(const Product& g, int m0, int col, const vi* acc) {
+  const vf scale = loadu(g.wscale + col), bias = loadu(g.bias + col);
+  const vi sums = *(const viu*)(g.sums + col);
+  for (int r = 0; r < R; r++)
+    finish(g, m0 + r, col, __builtin_convertvector(acc[r] - sums * g.zero[m0 + r], vf) * (scale * g.xscale[m0 + r]) +
+                               bias);
+}
+
 #if VW == 8
 template <int R, int P>
 __attribute__((noinline)) void qaccumulate(const int8_t* w, const uint8_t* x, int K4, vi (*out)[R]) {
@@ -227,12 +238,7 @@ template <int R, int P>
 inline void qblock(const Product& g, int m0, int panel) {
   vi acc[P][R];
   qaccumulate<R, P>(g.qpacked + (size_t)panel * g.K4 * VW, g.codes + (size_t)m0 * g.K4, g.K4, acc);
-  for (int q = 0; q < P; q++) {
-    const int col = (panel + q) * VW;
-    const vf scale = loadu(g.wscale + col) * g.xscale, bias = loadu(g.bias + col);
-    const vi offset = *(const viu*)(g.sums + col) * g.zero;
-    for (int r = 0; r < R; r++) finish(g, m0 + r, col, __builtin_convertvector(acc[q][r] - offset, vf) * scale + bias);
-  }
+  for (int q = 0; q < P; q++) qfinish<R>(g, m0, (panel + q) * VW, acc[q]);
 }
 #else
 template <int R, int P>
@@ -257,12 +263,7 @@ inline void qblock(const Product& g, int m0, int panel) {
       for (int q = 0; q < P; q++) acc[q][r] = dpbusd(acc[q][r], xr, wk[q]);
     }
   }
-  for (int q = 0; q < P; q++) {
-    const int col = (panel + q) * VW;
-    const vf scale = loadu(g.wscale + col) * g.xscale, bias = loadu(g.bias + col);
-    const vi offset = *(const viu*)(g.sums + col) * g.zero;
-    for (int r = 0; r < R; r++) finish(g, m0 + r, col, __builtin_convertvector(acc[q][r] - offset, vf) * scale + bias);
-  }
+  for (int q = 0; q < P; q++) qfinish<R>(g, m0, (panel + q) * VW, acc[q]);
 }
 #endif  // VW
 #endif
@@ -393,15 +394,17 @@ static inline void store_codes(uint8_t* out, vi c) {
 #endif
 }
 
-// Rows (M, K), times ``inverse`` per channel where given, -> uint8 codes (M, K4) (zero past K), with one scale and
-// zero point for the matrix from its minimum and maximum (each widened to include 0): the scheme of
-// encoderkit.modeling.inference's int8 products (``_uint8_rows``), whose arithmetic this repeats step for step.
+// Rows (M, K), times ``inverse`` per channel where given, -> uint8 codes (M, K4) (zero past K), each row with its
+// own scale and zero point from its minimum and maximum (each widened to include 0): the scheme of
+// encoderkit.modeling.inference's int8 products (``_uint8_rows``), whose arithmetic this repeats step for step. Per
+// row, not per matrix: a text's codes then do not depend on the other texts of its batch, and one token's outlier
+// activations coarsen only its own row.
 void quantize(const float* x, int M, int K, const float* inverse, uint8_t* codes, int K4, float* xscale,
-              int* zero) {
-  vf low = splat(0.0f), high = splat(0.0f);
-  float lo = 0.0f, hi = 0.0f;
+              int32_t* zero) {
   for (int r = 0; r < M; r++) {
     const float* row = x + (size_t)r * K;
+    vf low = splat(0.0f), high = splat(0.0f);
+    float lo = 0.0f, hi = 0.0f;
     int k = 0;
     for (; k + VW <= K; k += VW) {
       vf v = loadu(row + k);
@@ -414,15 +417,12 @@ void quantize(const float* x, int M, int K, const float* inverse, uint8_t* codes
       lo = std::min(lo, v);
       hi = std::max(hi, v);
     }
-  }
-  for (int j = 0; j < VW; j++) lo = std::min(lo, low[j]), hi = std::max(hi, high[j]);
-  const double scale = std::max((double)hi - (double)lo, 1e-12) / 255;
-  const int zp = (int)std::min(std::max(std::nearbyint(-(double)lo / scale), 0.0), 255.0);
-  const float step = (float)(1.0 / scale);
-  for (int r = 0; r < M; r++) {
-    const float* row = x + (size_t)r * K;
+    for (int j = 0; j < VW; j++) lo = std::min(lo, low[j]), hi = std::max(hi, high[j]);
+    const double scale = std::max((double)hi - (double)lo, 1e-12) / 255;
+    const int zp = (int)std::min(std::max(std::nearbyint(-(double)lo / scale), 0.0), 255.0);
+    const float step = (float)(1.0 / scale);
     uint8_t* out = codes + (size_t)r * K4;
-    int k = 0;
+    k = 0;
     for (; k + VW <= K; k += VW) {
       vf v = loadu(row + k);
       if (inverse) v *= loadu(inverse + k);
@@ -433,9 +433,9 @@ void quantize(const float* x, int M, int K, const float* inverse, uint8_t* codes
       out[k] = (uint8_t)std::min(std::max((int)std::nearbyint(v) + zp, 0), 255);
     }
     for (; k < K4; k++) out[k] = 0;
+    xscale[r] = (float)scale;
+    zero[r] = zp;
   }
-  *xscale = (float)scale;
-  *zero = zp;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -718,16 +718,21 @@ struct Layer {
 void product_part(const Linear& linear, const float* x, float* y, const float* residual, int M, int N, int K,
                   int epilogue, int activation, int part, int parts) {
   Product g{x, nullptr, nullptr, linear.bias, residual, y, M, N, K, epilogue, activation,
-            nullptr, nullptr, nullptr, 0.0f, 0, (K + 3) / 4 * 4};
+            nullptr, nullptr, nullptr, nullptr, nullptr, (K + 3) / 4 * 4};
   if (linear.scale == nullptr) {
     g.packed = (const float*)linear.weight;
   } else {
     thread_local std::vector<uint8_t> codes;
+    thread_local std::vector<float> scales;
+    thread_local std::vector<int32_t> zeros;
     if (codes.size() < (size_t)M * g.K4) codes.resize((size_t)M * g.K4);
+    if (scales.size() < (size_t)M) scales.resize(M), zeros.resize(M);
 #ifdef EK_PROFILE
     const double started = omp_get_wtime();
 #endif
-    quantize(x, M, K, linear.inverse, codes.data(), g.K4, &g.xscale, &g.zero);
+    quantize(x, M, K, linear.inverse, codes.data(), g.K4, scales.data(), zeros.data());
+    g.xscale = scales.data();
+    g.zero = zeros.data();
 #ifdef EK_PROFILE
     if (part == 0) phase_seconds[QUANTIZE] += omp_get_wtime() - started;
 #endif
@@ -744,7 +749,7 @@ extern "C" {
 
 // The interface's version (loader.py's ABI_VERSION) and the sizes of the structs that Python mirrors: a library
 // built from other sources than the Python beside it is refused at load, not read with the wrong layout.
-int ek_abi_version() { return 2; }
+int ek_abi_version() { return 3; }
 
 void ek_struct_sizes(int64_t* out) {
   out[0] = sizeof(Embedding);
@@ -793,6 +798,35 @@ void ek_pack_int8(const int8_t* weight, int8_t* packed, int32_t* sums, int N, in
       }
       sums[n] = sum;
     }
+}
+
+// The PyTorch layers' int8 products (encoderkit.modeling.inference.Int8Prepacked), which multiply the codes in
+// oneDNN: rows (M, K) times ``inverse`` where given -> uint8 codes (M, K) with each row's scale and zero point, as
+// ``quantize`` (K a multiple of 4), on ``threads`` threads.
+void ek_quantize_rows(const float* x, int M, int K, const float* inverse, uint8_t* codes, float* scales,
+                      int32_t* zeros, int threads) {
+  threads = std::max(1, std::min(threads, M / 8));
+#pragma omp parallel num_threads(threads)
+  {
+    int first, last;
+    split(M, omp_get_thread_num(), omp_get_num_threads(), &first, &last);
+    quantize(x + (size_t)first * K, last - first, K, inverse, codes + (size_t)first * K, K, scales + first,
+             zeros + first);
+  }
+}
+
+// Then, in place, oneDNN's (M, N) products of the codes with the weights (each column times its weight scale) ->
+// (product - row zero point * column's weight sum) * row scale + bias: ``wsums`` is each column's sum of codes times
+// its scale.
+void ek_rescale_rows(float* y, int M, int N, const float* scales, const int32_t* zeros, const float* wsums,
+                     const float* bias, int threads) {
+  threads = std::max(1, std::min(threads, M / 8));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int r = 0; r < M; r++) {
+    float* row = y + (size_t)r * N;
+    const float scale = scales[r], offset = -(float)zeros[r] * scales[r];
+    for (int c = 0; c < N; c++) row[c] = row[c] * scale + (offset * wsums[c] + bias[c]);
+  }
 }
 
 // One product, y = x W^T + b (M, N), on the calling thread: the kernel's own product, for tests.
